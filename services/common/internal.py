@@ -1,0 +1,135 @@
+"""The internal RPC contract between the gateway and recall / ingest.
+
+`POST /v1/tools/{name}` with `{"arguments", "principal", "session"}`; the reply is
+`{"result", "isError"}` or, for a protocol error, an HTTP 4xx/5xx with `{"error": {code,
+message, data}}` that the gateway turns back into the same JSON-RPC error.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from opentelemetry import trace
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from pydantic import BaseModel, ValidationError
+
+from shared.domain.errors import EngramError, InvalidParams
+from shared.domain.principal import Principal
+from shared.telemetry import CORRELATION_HEADER, correlation_id, extract_context, new_correlation_id
+
+logger = logging.getLogger(__name__)
+
+SERVICE_TOKEN_HEADER = "x-engram-service-token"
+
+HTTP_REQUESTS = Counter("engram_http_requests_total", "HTTP requests served", ["service", "route", "status"])
+HTTP_LATENCY = Histogram(
+    "engram_http_request_duration_seconds", "HTTP request latency", ["service", "route"],
+    buckets=(0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+TOOL_CALLS = Counter("engram_tool_calls_total", "Tool calls handled", ["service", "tool", "outcome"])
+
+
+class ToolRequest(BaseModel):
+    arguments: dict[str, Any] = {}
+    principal: dict[str, Any]
+    session: dict[str, Any] | None = None
+
+
+class ToolContext(BaseModel):
+    """Per-call facts a tool handler needs besides its arguments."""
+
+    model_config = {"arbitrary_types_allowed": True}
+
+    principal: Principal
+    session_id: str | None = None
+    transport_id: str | None = None
+
+
+def parse_arguments(model: type[BaseModel], arguments: dict[str, Any]) -> Any:
+    """Validate tool arguments; a failure is -32602 naming the parameter(s)."""
+    try:
+        return model.model_validate(arguments)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "arguments"
+            problems.append(f"{where}: {err['msg']}")
+        raise InvalidParams("Invalid params: " + "; ".join(problems)) from None
+
+
+def install_observability(app: FastAPI, service: str) -> None:
+    """Trace context in, correlation id, HTTP metrics and GET /metrics, for every service."""
+    tracer = trace.get_tracer(f"engram.{service}")
+
+    @app.middleware("http")
+    async def observe(request: Request, call_next):  # type: ignore[no-untyped-def]
+        route = _route_label(service, request.url.path)
+        correlation_id.set(request.headers.get(CORRELATION_HEADER) or new_correlation_id())
+        start = time.perf_counter()
+        ctx = extract_context(dict(request.headers))
+        with tracer.start_as_current_span(f"{request.method} {route}", context=ctx, kind=trace.SpanKind.SERVER):
+            response = await call_next(request)
+        HTTP_LATENCY.labels(service, route).observe(time.perf_counter() - start)
+        HTTP_REQUESTS.labels(service, route, str(response.status_code)).inc()
+        return response
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+# Metric labels stay bounded: the first 100 distinct paths per service, then "other".
+_ROUTE_LABELS: dict[str, set[str]] = {}
+
+
+def _route_label(service: str, path: str) -> str:
+    if path.startswith("/v1/tools/"):
+        return "/v1/tools/{name}"
+    seen = _ROUTE_LABELS.setdefault(service, set())
+    if path in seen:
+        return path
+    if len(seen) < 100:
+        seen.add(path)
+        return path
+    return "other"
+
+
+def install_internal_api(
+    app: FastAPI,
+    service: str,
+    handlers: dict[str, Callable[[Request, ToolContext, dict[str, Any]], Awaitable[tuple[dict[str, Any], bool]]]],
+    token_getter: Callable[[], str],
+) -> None:
+    install_observability(app, service)
+
+    @app.exception_handler(EngramError)
+    async def engram_error(_request: Request, exc: EngramError) -> JSONResponse:
+        return JSONResponse({"error": exc.to_wire()}, status_code=exc.http_status)
+
+    @app.post("/v1/tools/{name}")
+    async def call_tool(name: str, body: ToolRequest, request: Request) -> JSONResponse:
+        supplied = request.headers.get(SERVICE_TOKEN_HEADER, "")
+        if not hmac.compare_digest(supplied.encode(), token_getter().encode()):
+            return JSONResponse({"error": {"code": -32600, "message": "unauthorized caller"}}, status_code=401)
+        handler = handlers.get(name)
+        if handler is None:
+            return JSONResponse({"error": {"code": -32601, "message": f"Unknown tool: {name}"}}, status_code=404)
+        session = body.session or {}
+        ctx = ToolContext(
+            principal=Principal.from_wire(body.principal),
+            session_id=session.get("id"),
+            transport_id=session.get("transport_id"),
+        )
+        try:
+            result, is_error = await handler(request, ctx, body.arguments)
+        except EngramError:
+            TOOL_CALLS.labels(service, name, "error").inc()
+            raise
+        TOOL_CALLS.labels(service, name, "tool_error" if is_error else "ok").inc()
+        return JSONResponse({"result": result, "isError": is_error})

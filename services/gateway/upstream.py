@@ -1,0 +1,89 @@
+"""Forwarding tool calls to recall and ingest over pooled internal HTTP."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Any
+
+import httpx
+
+from shared.domain.errors import EngramError, InvalidParams, PolicyViolation, Unavailable
+from shared.domain.principal import Principal
+from shared.telemetry import inject_headers
+
+logger = logging.getLogger(__name__)
+
+SERVICE_TOKEN_HEADER = "x-engram-service-token"
+
+
+class UpstreamError(EngramError):
+    """An error reply from an internal service, carried back with its JSON-RPC code."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message, data)
+        self.code = code
+
+
+def _error_from(body: dict[str, Any]) -> EngramError:
+    error = body.get("error") or {}
+    code = int(error.get("code", -32603))
+    message = str(error.get("message", "upstream error"))
+    if code == InvalidParams.code:
+        return InvalidParams(message, error.get("data"))
+    if code == PolicyViolation.code:
+        return PolicyViolation(message, error.get("data"))
+    return UpstreamError(code, message, error.get("data"))
+
+
+class Upstreams:
+    def __init__(self, recall_urls: list[str], ingest_url: str, service_token: str, timeout: float) -> None:
+        self._urls = {"recall": recall_urls, "ingest": [ingest_url]}
+        self._cursor = {name: itertools.cycle(range(len(urls))) for name, urls in self._urls.items()}
+        self._token = service_token
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout, connect=2.0),
+            limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
+        )
+
+    def urls(self, service: str) -> list[str]:
+        return self._urls[service]
+
+    async def call(
+        self, service: str, tool: str, arguments: dict[str, Any], principal: Principal, session: dict[str, Any] | None
+    ) -> tuple[dict[str, Any], bool]:
+        urls = self._urls[service]
+        start = next(self._cursor[service])
+        payload = {"arguments": arguments, "principal": principal.to_wire(), "session": session}
+        headers = inject_headers({SERVICE_TOKEN_HEADER: self._token})
+        last_error: Exception | None = None
+        # Round robin over replicas; a replica that refuses the connection is skipped.
+        for attempt in range(len(urls)):
+            url = urls[(start + attempt) % len(urls)]
+            try:
+                response = await self.client.post(f"{url}/v1/tools/{tool}", json=payload, headers=headers)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                last_error = exc
+                logger.warning("%s replica %s unreachable", service, url)
+                continue
+            except httpx.HTTPError as exc:
+                raise Unavailable(f"{service} service error: {exc.__class__.__name__}") from exc
+            body = response.json()
+            if response.status_code >= 400 or "error" in body:
+                raise _error_from(body)
+            return body["result"], bool(body.get("isError"))
+        raise Unavailable(f"{service} service unavailable") from last_error
+
+    async def health(self) -> dict[str, Any]:
+        report: dict[str, Any] = {}
+        for service, urls in self._urls.items():
+            for url in urls:
+                try:
+                    response = await self.client.get(f"{url}/health", timeout=2.0)
+                    report[url] = {"service": service, "status": "ok" if response.status_code == 200 else "degraded"}
+                except httpx.HTTPError as exc:
+                    report[url] = {"service": service, "status": "down", "error": exc.__class__.__name__}
+        return report
+
+    async def aclose(self) -> None:
+        await self.client.aclose()

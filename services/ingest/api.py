@@ -1,0 +1,49 @@
+"""Ingest routes: health, and the tool handlers behind POST /v1/tools/{name}."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from services.common.internal import ToolContext
+from services.ingest import forget as forget_tool
+from services.ingest import remember as remember_tool
+from services.ingest.service import after_commit
+from shared.db import ping
+from shared.jobs import JobBuffer
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    try:
+        await ping(request.app.state.resources.pool)
+    except Exception as exc:  # top-level health probe: any failure means "not ready"
+        return JSONResponse({"status": "degraded", "database": f"error: {exc.__class__.__name__}"}, status_code=503)
+    return JSONResponse({"status": "healthy", "service": "ingest", "database": "ok"})
+
+
+def _with_jobs(tool):  # type: ignore[no-untyped-def]
+    """Run a write tool with a job buffer that is flushed only after it has committed."""
+
+    async def handler(request: Request, ctx: ToolContext, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        jobs = JobBuffer()
+        result = await tool(request.app.state.resources, jobs, ctx, arguments)
+        await after_commit(request.app.state.resources, jobs, request.app.state.celery)
+        return result
+
+    return handler
+
+
+async def _forget(request: Request, ctx: ToolContext, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    return await forget_tool.forget(request.app.state.resources, ctx, arguments)
+
+
+tool_handlers = {
+    "remember": _with_jobs(remember_tool.remember),
+    "batch_remember": _with_jobs(remember_tool.batch_remember),
+    "forget": _forget,
+}

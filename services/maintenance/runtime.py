@@ -1,0 +1,60 @@
+"""Per-process clients of a Celery worker, created after fork (worker_process_init)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import asyncpg
+from celery.signals import worker_process_init, worker_process_shutdown
+
+from shared.db import create_pool
+from shared.settings import MaintenanceSettings
+from shared.telemetry import configure_logging, configure_tracing
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class WorkerRuntime:
+    """One event loop and one asyncpg pool per worker process."""
+
+    def __init__(self, settings: MaintenanceSettings) -> None:
+        self.settings = settings
+        self.loop = asyncio.new_event_loop()
+        self.pool: asyncpg.Pool = self.loop.run_until_complete(
+            create_pool(settings.database_url, min_size=1, max_size=4)
+        )
+
+    def run(self, fn: Callable[[asyncpg.Pool], Awaitable[T]]) -> T:
+        return self.loop.run_until_complete(fn(self.pool))
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.pool.close())
+        self.loop.close()
+
+
+_runtime: dict[str, WorkerRuntime] = {}
+
+
+def runtime() -> WorkerRuntime:
+    if "current" not in _runtime:  # solo pool / eager runs: no fork signal was sent
+        _runtime["current"] = WorkerRuntime(MaintenanceSettings())
+    return _runtime["current"]
+
+
+@worker_process_init.connect
+def _init_process(**_: Any) -> None:
+    settings = MaintenanceSettings()
+    configure_logging(settings.log_level)
+    configure_tracing(settings.otel_service_name or "engram-maintenance", console=settings.otel_console)
+    _runtime["current"] = WorkerRuntime(settings)
+
+
+@worker_process_shutdown.connect
+def _shutdown_process(**_: Any) -> None:
+    current = _runtime.pop("current", None)
+    if current is not None:
+        current.close()

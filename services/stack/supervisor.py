@@ -1,0 +1,259 @@
+"""Starts and stops every process of a local Engram stack."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from services.stack.postgres import EmbeddedPostgres
+from services.stack.redis_server import LocalRedis
+
+logger = logging.getLogger("engram.stack")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def load_or_create_master_key(data_dir: Path) -> str:
+    """MEMENTO_ACCESS_KEY wins; otherwise one key is generated once and kept in data_dir."""
+    if os.environ.get("MEMENTO_ACCESS_KEY"):
+        return os.environ["MEMENTO_ACCESS_KEY"]
+    path = data_dir / "master_key"
+    if path.exists():
+        return path.read_text().strip()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    key = f"engram-{secrets.token_urlsafe(24)}"
+    path.write_text(key + "\n")
+    path.chmod(0o600)
+    return key
+
+
+@dataclass
+class StackConfig:
+    data_dir: Path
+    gateway_port: int = 57332
+    recall_ports: list[int] = field(default_factory=lambda: [57333])
+    ingest_port: int = 57334
+    pg_port: int = 57340
+    redis_port: int = 57341
+    database_url: str | None = None
+    redis_url: str | None = None
+    redis_enabled: bool = True
+    master_key: str | None = None
+    worker: bool = True
+    beat: bool = True
+    extra_env: dict[str, str] = field(default_factory=dict)
+    log_dir: Path | None = None
+
+
+@dataclass
+class ServiceProcess:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    health_url: str | None = None
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
+        # Own process group, so stopping it stops whatever it forked (Celery's pool).
+        self.process = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            assert self.process is not None
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, timeout: float = 15) -> None:
+        if not self.alive():
+            return
+        assert self.process is not None
+        self.signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.process.wait(5)
+
+
+class Stack:
+    def __init__(self, config: StackConfig) -> None:
+        self.config = config
+        self.data_dir = config.data_dir.resolve()
+        self.log_dir = (config.log_dir or self.data_dir / "logs").resolve()
+        self.postgres: EmbeddedPostgres | None = None
+        self.redis: LocalRedis | None = None
+        self.processes: dict[str, ServiceProcess] = {}
+        self.master_key = config.master_key or load_or_create_master_key(self.data_dir)
+        self.service_token = secrets.token_urlsafe(24)
+        self.database_url = config.database_url or ""
+        self.redis_url = config.redis_url or ""
+
+    # -- infrastructure -------------------------------------------------------------
+    def start_infrastructure(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        if not self.database_url:
+            self.postgres = EmbeddedPostgres(self.data_dir / "pg", self.config.pg_port)
+            logger.info("starting embedded Postgres on 127.0.0.1:%s", self.config.pg_port)
+            self.postgres.start()
+            self.database_url = self.postgres.url
+        if self.config.redis_enabled and not self.redis_url:
+            self.redis = LocalRedis(self.data_dir / "redis", self.config.redis_port)
+            logger.info("starting redis-server on 127.0.0.1:%s", self.config.redis_port)
+            self.redis.start()
+            self.redis_url = self.redis.url
+        self.migrate()
+        self.prepare_model()
+
+    def migrate(self) -> None:
+        import asyncio
+
+        from shared.schema.migrate import migrate
+
+        applied = asyncio.run(migrate(self.database_url))
+        logger.info("migrations: %s", applied or "up to date")
+
+    def prepare_model(self) -> None:
+        """Export the ONNX model once, before two services race to do it."""
+        env = self.base_env()
+        subprocess.run([sys.executable, "-m", "shared.embeddings.prepare"], env=env, check=True)
+
+    # -- services ------------------------------------------------------------------
+    def base_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            {
+                "DATABASE_URL": self.database_url,
+                "REDIS_URL": self.redis_url,
+                "REDIS_ENABLED": "true" if self.config.redis_enabled else "false",
+                "ENGRAM_SERVICE_TOKEN": self.service_token,
+                "EMBEDDING_CACHE_DIR": str(self.data_dir / "models"),
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
+        env.update(self.config.extra_env)
+        return env
+
+    def _uvicorn(self, name: str, module: str, port: int, extra: dict[str, str]) -> ServiceProcess:
+        env = self.base_env() | {"PORT": str(port), "OTEL_SERVICE_NAME": f"engram-{name.split('-')[0]}"} | extra
+        argv = [
+            sys.executable, "-m", "uvicorn", f"{module}:create_app", "--factory",
+            "--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning",
+        ]
+        return ServiceProcess(name, argv, env, self.log_dir / f"{name}.log", f"http://127.0.0.1:{port}/health")
+
+    @property
+    def recall_urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{p}" for p in self.config.recall_ports]
+
+    @property
+    def ingest_url(self) -> str:
+        return f"http://127.0.0.1:{self.config.ingest_port}"
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://127.0.0.1:{self.config.gateway_port}"
+
+    @property
+    def mcp_url(self) -> str:
+        return f"{self.gateway_url}/mcp"
+
+    def plan(self) -> list[ServiceProcess]:
+        planned = [
+            self._uvicorn(f"recall-{i}", "services.recall.app", port, {})
+            for i, port in enumerate(self.config.recall_ports)
+        ]
+        planned.append(self._uvicorn("ingest", "services.ingest.app", self.config.ingest_port, {}))
+        planned.append(
+            self._uvicorn(
+                "gateway",
+                "services.gateway.app",
+                self.config.gateway_port,
+                {
+                    "MEMENTO_ACCESS_KEY": self.master_key,
+                    "RECALL_URL": ",".join(self.recall_urls),
+                    "INGEST_URL": self.ingest_url,
+                },
+            )
+        )
+        celery = [sys.executable, "-m", "celery", "-A", "services.maintenance.celery_app:app"]
+        if self.config.worker and self.config.redis_enabled:
+            planned.append(
+                ServiceProcess(
+                    "worker",
+                    [*celery, "worker", "--loglevel", "INFO", "--concurrency", "1", "-Q", "maintenance,batch",
+                     "-n", f"engram-{self.config.gateway_port}@%h"],
+                    self.base_env(),
+                    self.log_dir / "worker.log",
+                )
+            )
+        if self.config.beat and self.config.redis_enabled:
+            planned.append(
+                ServiceProcess(
+                    "beat",
+                    [*celery, "beat", "--loglevel", "INFO", "-s", str(self.data_dir / "celerybeat-schedule")],
+                    self.base_env(),
+                    self.log_dir / "beat.log",
+                )
+            )
+        return planned
+
+    def start_services(self, timeout: float = 180) -> None:
+        for proc in self.plan():
+            self.processes[proc.name] = proc
+            proc.start()
+        self.wait_healthy(timeout)
+
+    def wait_healthy(self, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        pending = {p.name: p for p in self.processes.values() if p.health_url}
+        with httpx.Client(timeout=2) as client:
+            while pending:
+                for name, proc in list(pending.items()):
+                    if not proc.alive():
+                        raise RuntimeError(f"{name} exited during start-up; see {proc.log_path}")
+                    try:
+                        response = client.get(proc.health_url)  # type: ignore[arg-type]
+                        if response.status_code == 200:
+                            del pending[name]
+                    except httpx.HTTPError:
+                        pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"not healthy after {timeout:.0f} s: {sorted(pending)}")
+                time.sleep(0.25)
+
+    def start(self) -> None:
+        self.start_infrastructure()
+        self.start_services()
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.processes.values())):
+            proc.stop()
+        self.processes.clear()
+        if self.redis:
+            self.redis.stop()
+        if self.postgres:
+            self.postgres.stop()

