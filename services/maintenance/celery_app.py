@@ -10,7 +10,7 @@ from shared.settings import MaintenanceSettings
 
 settings = MaintenanceSettings()
 
-app = Celery("engram", broker=settings.broker_url or settings.redis_url, include=["services.maintenance.tasks"])
+app = Celery("engram", broker=settings.broker_url or settings.redis_url, include=["services.maintenance.tasks", "services.maintenance.batch_worker"])
 app.conf.update(
     task_default_queue=QUEUE_MAINTENANCE,
     task_queues=(Queue(QUEUE_MAINTENANCE), Queue(QUEUE_BATCH)),

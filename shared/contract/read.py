@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.contract.spec import ToolSpec
+
 RESPONSE_FIELDS = (
     "id", "content", "type", "topic", "keywords", "importance", "created_at", "access_count", "confidence",
     "linked", "explanations", "workspace", "context_summary", "case_id", "valid_to", "affect", "ema_activation",
@@ -60,3 +62,18 @@ class RecallArgs(BaseModel):
 
 class MemoryStatsArgs(BaseModel):
     model_config = ConfigDict(extra="ignore")
+
+
+READ_TOOLS: tuple[ToolSpec, ...] = (
+    ToolSpec(
+        "recall",
+        "Search memory: keyword and full-text (L2) fused with semantic vector search (L3), "
+        "best first, packed into tokenBudget.",
+        RecallArgs, "recall", ("search", "pagination", "caseMode"), "read", True,
+    ),
+    ToolSpec(
+        "memory_stats",
+        "Statistics of the caller's memory: counts, TTL distribution, types.",
+        MemoryStatsArgs, "recall", ("stats",), "read", True,
+    ),
+)

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.contract.spec import ToolSpec
 from shared.domain.fragment import MAX_CONTENT_CHARS, MAX_IDEMPOTENCY_KEY
 
 FragmentTypeArg = Literal["fact", "decision", "error", "preference", "procedure", "relation", "episode"]
@@ -64,3 +65,24 @@ class ForgetArgs(_Args):
     force: bool = False
     agentId: str | None = None
     dryRun: bool = False
+
+
+WRITE_TOOLS: tuple[ToolSpec, ...] = (
+    ToolSpec(
+        "remember",
+        "Store one atomic memory fragment (1-3 sentences, one fact/decision/error/preference/"
+        "procedure/relation/episode). Content over 4000 characters is refused; non-episode content "
+        "is cut at 300 characters.",
+        RememberArgs, "ingest", ("store", "dedup", "supersede", "link", "dryRun", "idempotency"), "write", False,
+    ),
+    ToolSpec(
+        "batch_remember",
+        "Store up to 200 fragments in one transaction; results[i] answers fragments[i].",
+        BatchRememberArgs, "ingest", ("store", "batch", "async"), "write", False,
+    ),
+    ToolSpec(
+        "forget",
+        "Delete a fragment by id, or all fragments of a topic. Permanent-tier fragments need force.",
+        ForgetArgs, "ingest", ("delete", "dryRun"), "write", False,
+    ),
+)

@@ -1,0 +1,1 @@
+"""Consumer of the async batch_remember queue (filled in by the ingest work)."""

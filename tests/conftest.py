@@ -1,0 +1,42 @@
+"""One real Engram stack per test session: embedded Postgres + pgvector, Redis, the three
+services as processes, a Celery worker and beat. Tests talk to it over MCP and HTTP."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import Stack, new_stack_config
+
+
+@pytest.fixture(scope="session")
+def stack_dir() -> Iterator[Path]:
+    # Outside /root: embedded Postgres makes its data dir's parents world-readable.
+    path = Path(tempfile.mkdtemp(prefix="engram-test-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def stack(stack_dir: Path) -> Iterator[Stack]:
+    config = new_stack_config(stack_dir / "main", master_key="test-master-key")
+    running = Stack(config)
+    try:
+        running.start()
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="session")
+def mcp_url(stack: Stack) -> str:
+    return stack.mcp_url
+
+
+@pytest.fixture(scope="session")
+def master_key(stack: Stack) -> str:
+    return stack.master_key
