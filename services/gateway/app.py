@@ -17,6 +17,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.common.internal import install_observability
+from services.gateway.admin_maintenance import router as admin_maintenance_router
 from services.gateway.api import router
 from services.gateway.auth import Authenticator, bearer_token
 from services.gateway.mcp_server import PRINCIPAL_SCOPE_KEY, GatewayContext, build_mcp_server
@@ -131,5 +132,6 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app = FastAPI(title="Engram", version=VERSION, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.router.routes.append(Route("/mcp", endpoint=_McpEndpoint(), methods=["GET", "POST", "DELETE"]))
     app.include_router(router)
+    app.include_router(admin_maintenance_router)
     install_observability(app, "gateway")
     return app

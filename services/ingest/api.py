@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from services.common.internal import ToolContext
+from services.ingest.admin_tools import TOOL_HANDLERS as ADMIN_TOOL_HANDLERS
 from services.ingest import forget as forget_tool
 from services.ingest import remember as remember_tool
 from services.ingest.service import after_commit
@@ -46,4 +47,5 @@ tool_handlers = {
     "remember": _with_jobs(remember_tool.remember),
     "batch_remember": _with_jobs(remember_tool.batch_remember),
     "forget": _forget,
+    **ADMIN_TOOL_HANDLERS,
 }

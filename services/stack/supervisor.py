@@ -149,6 +149,9 @@ class Stack:
                 "REDIS_ENABLED": "true" if self.config.redis_enabled else "false",
                 "ENGRAM_SERVICE_TOKEN": self.service_token,
                 "EMBEDDING_CACHE_DIR": str(self.data_dir / "models"),
+                # Workers call the internal services too (reflect, batch inserts).
+                "RECALL_URL": ",".join(self.recall_urls),
+                "INGEST_URL": self.ingest_url,
                 "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_OFFLINE": "1",
                 "PYTHONUNBUFFERED": "1",

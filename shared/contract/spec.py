@@ -26,7 +26,7 @@ TOOL_PERMISSIONS: dict[str, Permission] = {
     "amend": "write",
     "link": "write",
     "reflect": "write",
-    "tool_feedback": "write",
+    "tool_feedback": "read",
     "session_rotate": "write",
     "memory_consolidate": "admin",
     "apply_update": "admin",
