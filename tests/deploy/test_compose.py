@@ -146,3 +146,11 @@ def test_dockerignore_keeps_the_context_to_what_the_image_copies() -> None:
     for sources in copied:
         for source in sources.split():
             assert f"!{source}" in rules or f"!{source}/" in rules, source
+
+
+@pytest.mark.parametrize("name", ["gateway", "worker"])
+def test_callers_of_the_internal_services_can_reach_them(name: str, resolved_compose: dict[str, Any]) -> None:
+    env = resolved_compose["services"][name]["environment"]
+    assert env["RECALL_URL"] == "http://recall:57333"
+    assert env["INGEST_URL"] == "http://ingest:57334"
+    assert env["ENGRAM_SERVICE_TOKEN"]

@@ -240,3 +240,12 @@ def test_wait_for_schema_script_compiles_and_imports() -> None:
     namespace: dict[str, Any] = {"__name__": "wait_for_schema"}
     exec(code, namespace)  # defines functions only: main() runs under __main__
     assert callable(namespace["main"]) and callable(namespace["pending"])
+
+
+@pytest.mark.parametrize("workload", ["engram-gateway", "engram-worker"])
+def test_callers_of_the_internal_services_can_reach_them(workload: str) -> None:
+    [container] = resources("Deployment")[workload]["spec"]["template"]["spec"]["containers"]
+    env = container_env(container)
+    assert env["RECALL_URL"].startswith("http://engram-recall.")
+    assert env["INGEST_URL"].startswith("http://engram-ingest.")
+    assert env["ENGRAM_SERVICE_TOKEN"]
