@@ -33,7 +33,7 @@ bench: $(STAMP)
 	$(BIN)/python -m bench.run_all
 
 eval: $(STAMP)
-	$(BIN)/python -m services.stack eval
+	$(BIN)/python -m bench.eval_locomo
 
 clean:
 	rm -rf $(VENV) .data

@@ -1,0 +1,74 @@
+"""Write-path benchmark through MCP: remember latency and batch_remember throughput.
+
+    python -m bench.ingest_bench [--url URL --key KEY] [--remember 200] [--batch-fragments 4000] [--clients 2,4]
+
+Embeddings are computed synchronously by the ingest service on every write, so these
+numbers include the embedding model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from bench.corpus import generate
+from bench.harness import LATENCY_HEADER, Target, add_target_arguments, latency_row, mcp_session, print_table, target_from, timed_call
+from bench.loading import BATCH, load, run_namespace, scoped
+
+WARMUP = 10
+
+
+async def remember_latency(target: Target, count: int, seed: int) -> list[float]:
+    memories = generate(count + WARMUP, seed=seed)
+    namespace = run_namespace("remember")
+    samples: list[float] = []
+    async with mcp_session(target) as session:
+        for i, memory in enumerate(memories):
+            ms, body = await timed_call(session, "remember", scoped(memory.fragment, namespace))
+            if not body.get("success"):
+                raise RuntimeError(f"remember failed: {body}")
+            if i >= WARMUP:
+                samples.append(ms)
+    return samples
+
+
+async def run(target: Target, remember_count: int, batch_fragments: int, client_counts: list[int], seed: int) -> None:
+    if remember_count:
+        samples = await remember_latency(target, remember_count, seed)
+        print_table("remember (sequential, one client, embeddings on)", LATENCY_HEADER, [latency_row("remember", samples)])
+
+    rows = []
+    for n, clients in enumerate(client_counts):
+        # A fresh slice of the corpus per run, so nothing is deduplicated away.
+        memories = generate(batch_fragments, seed=seed + 100 + n)
+        result = await load(target, memories, run_namespace(f"batch{clients}"), clients)
+        batch_lat = latency_row("", result.batch_ms)
+        rows.append([
+            str(clients), str(len(memories)), f"{result.seconds:.1f}", f"{result.rate:.0f}",
+            batch_lat[2], batch_lat[3], str(result.failed), str(result.duplicates),
+        ])
+    print_table(
+        f"batch_remember sustained throughput (batches of {BATCH}, embeddings on)",
+        ["clients", "fragments", "seconds", "fragments/s", "batch p50 ms", "batch p95 ms", "failed", "duplicates"],
+        rows,
+    )
+
+
+def parse_clients(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_target_arguments(parser)
+    parser.add_argument("--remember", type=int, default=200, help="sequential remember calls timed (after 10 warm-up)")
+    parser.add_argument("--batch-fragments", type=int, default=4000, help="fragments stored per concurrency level")
+    parser.add_argument("--clients", type=parse_clients, default=[2, 4], help="concurrency levels, e.g. 2,4")
+    parser.add_argument("--seed", type=int, default=101)
+    args = parser.parse_args(argv)
+    with target_from(args) as target:
+        asyncio.run(run(target, args.remember, args.batch_fragments, args.clients, args.seed))
+
+
+if __name__ == "__main__":
+    main()
