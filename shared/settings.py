@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 from functools import lru_cache
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEV_MASTER_KEY = "engram-dev-master-key"
 
@@ -53,12 +53,32 @@ class GatewaySettings(CommonSettings):
     recall_url: str = Field("http://127.0.0.1:57333", alias="RECALL_URL")
     ingest_url: str = Field("http://127.0.0.1:57334", alias="INGEST_URL")
     upstream_timeout: timedelta = Field(timedelta(seconds=30), alias="UPSTREAM_TIMEOUT")
-    allowed_hosts: list[str] = Field(default_factory=list, alias="MCP_ALLOWED_HOSTS")
-    allowed_origins: list[str] = Field(default_factory=list, alias="ALLOWED_ORIGINS")
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list, alias="MCP_ALLOWED_HOSTS")
+    allowed_origins: Annotated[list[str], NoDecode] = Field(default_factory=list, alias="ALLOWED_ORIGINS")
     max_body_bytes: int = Field(1024 * 1024, alias="MAX_BODY_BYTES")
     enable_openapi: bool = Field(False, alias="ENABLE_OPENAPI")
+    # Celery broker for the session hooks (auto reflect); defaults to REDIS_URL.
+    broker_url: str | None = Field(None, alias="CELERY_BROKER_URL")
+    # seed: session segments ({transportId}#{seq}) rotate on idle / lifetime; on by default.
+    session_segment: bool = Field(True, alias="MEMENTO_SESSION_SEGMENT")
+    segment_idle: timedelta = Field(timedelta(minutes=30), alias="MEMENTO_SESSION_SEGMENT_IDLE")
+    segment_lifetime: timedelta = Field(timedelta(hours=4), alias="MEMENTO_SESSION_SEGMENT_LIFETIME")
+    # Streamable HTTP sessions with no request for this long are closed (and reflected).
+    session_idle_timeout: timedelta = Field(timedelta(minutes=30), alias="MEMENTO_SESSION_IDLE_TIMEOUT")
+    # seed: POST /session/rotate is limited per IP, 5 per minute by default.
+    rotate_rate_limit_per_min: int = Field(5, alias="MEMENTO_ROTATE_RATE_LIMIT_PER_MIN")
+    # Requests per minute: per client IP before authentication, per key after it.
+    ip_rate_limit_per_min: int = Field(600, alias="RATE_LIMIT_PER_IP_PER_MIN")
+    key_rate_limit_per_min: int = Field(1200, alias="RATE_LIMIT_PER_KEY_PER_MIN")
+    # OAuth redirect URIs must start with one of these (localhost only by default).
+    oauth_redirect_allowlist: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["http://localhost", "http://127.0.0.1", "http://[::1]"],
+        alias="OAUTH_REDIRECT_ALLOWLIST",
+    )
+    oauth_code_ttl: timedelta = Field(timedelta(minutes=5), alias="OAUTH_CODE_TTL")
+    oauth_token_ttl: timedelta = Field(timedelta(hours=24), alias="OAUTH_TOKEN_TTL")
 
-    @field_validator("allowed_hosts", "allowed_origins", mode="before")
+    @field_validator("allowed_hosts", "allowed_origins", "oauth_redirect_allowlist", mode="before")
     @classmethod
     def _split_csv(cls, value: object) -> object:
         if isinstance(value, str):
@@ -80,12 +100,63 @@ class RecallSettings(CommonSettings):
 class IngestSettings(CommonSettings):
     port: int = Field(57334, alias="PORT")
     broker_url: str | None = Field(None, alias="CELERY_BROKER_URL")
+    # seed 003: secrets are never stored; "reject" refuses the write (-32602 naming the kind),
+    # "redact" stores the text with each secret replaced by [REDACTED:<kind>].
+    secret_policy: Literal["reject", "redact"] = Field("reject", alias="ENGRAM_SECRET_POLICY")
+    # seed: the PolicyRules soft gate (validation_warnings); hard gate per key.
+    symbolic_policy_rules: bool = Field(False, alias="MEMENTO_SYMBOLIC_POLICY_RULES")
+    workspace_gate: bool = Field(False, alias="MEMENTO_WORKSPACE_GATE")
+    # Engram always takes the key row lock for quota (see services/ingest/quota.py); kept
+    # for configuration compatibility with the reference.
+    remember_atomic: bool = Field(True, alias="MEMENTO_REMEMBER_ATOMIC")
+    case_backprop_enabled: bool = Field(False, alias="MEMENTO_CASE_BACKPROP_ENABLED")
+    # seed: feedback_sampled hints on remember / amend / forget; default true. Unset, it is
+    # off under ENGRAM_ENV=test so exact-reply assertions elsewhere stay deterministic.
+    feedback_sampling: bool | None = Field(None, alias="MEMENTO_FEEDBACK_SAMPLING")
+    # seed config feedback.sampling: per-tool probability, 2 hints per session, 900 s apart.
+    feedback_rate_remember: float = Field(0.10, alias="MEMENTO_FEEDBACK_RATE_REMEMBER", ge=0, le=1)
+    feedback_rate_amend: float = Field(0.25, alias="MEMENTO_FEEDBACK_RATE_AMEND", ge=0, le=1)
+    feedback_rate_forget: float = Field(0.25, alias="MEMENTO_FEEDBACK_RATE_FORGET", ge=0, le=1)
+    feedback_max_per_session: int = Field(2, alias="MEMENTO_FEEDBACK_MAX_PER_SESSION")
+    feedback_cooldown: timedelta = Field(timedelta(seconds=900), alias="MEMENTO_FEEDBACK_COOLDOWN")
+
+    @property
+    def feedback_sampling_on(self) -> bool:
+        if self.feedback_sampling is not None:
+            return self.feedback_sampling
+        return self.environment != "test"
 
 
 class MaintenanceSettings(CommonSettings):
     broker_url: str | None = Field(None, alias="CELERY_BROKER_URL")
+    consolidate_enabled: bool = Field(True, alias="CONSOLIDATE_ENABLED")
     consolidate_interval: timedelta = Field(timedelta(hours=6), alias="CONSOLIDATE_INTERVAL")
+    # Stage names (see services/maintenance/pipeline.py) switched off, comma-separated.
+    consolidate_disabled_stages: str = Field("", alias="CONSOLIDATE_DISABLED_STAGES")
     link_sweep_interval: timedelta = Field(timedelta(minutes=5), alias="LINK_SWEEP_INTERVAL")
+    reflect_sweep_interval: timedelta = Field(timedelta(minutes=5), alias="REFLECT_SWEEP_INTERVAL")
+    embedding_backfill_interval: timedelta = Field(timedelta(minutes=10), alias="EMBEDDING_BACKFILL_INTERVAL")
+    # An open session idle this long is ended ("expired") and reflected by the sweep.
+    session_idle_ttl: timedelta = Field(timedelta(hours=24), alias="SESSION_IDLE_TTL")
+    # mnemory: FSCK_AUTO_INTERVAL hours, 0 = off; thresholds for what auto-fsck applies.
+    fsck_auto_interval: timedelta = Field(timedelta(hours=24), alias="FSCK_AUTO_INTERVAL")
+    fsck_auto_min_confidence: float = Field(0.95, alias="FSCK_AUTO_MIN_CONFIDENCE", ge=0, le=1)
+    fsck_auto_min_severity: Literal["low", "medium", "high"] = Field("medium", alias="FSCK_AUTO_MIN_SEVERITY")
+    # Prometheus endpoint of the worker (all pool processes, multiprocess mode); 0 = off.
+    worker_metrics_port: int = Field(9540, alias="WORKER_METRICS_PORT")
+    ingest_url: str = Field("http://127.0.0.1:57334", alias="INGEST_URL")
+
+    @property
+    def disabled_stages(self) -> frozenset[str]:
+        return frozenset(part.strip() for part in self.consolidate_disabled_stages.split(",") if part.strip())
+
+    @field_validator("consolidate_interval", "fsck_auto_interval", mode="before")
+    @classmethod
+    def _hours(cls, value: object) -> object:
+        """A bare number is hours (the reference's CONSOLIDATE_INTERVAL / FSCK_AUTO_INTERVAL)."""
+        if isinstance(value, (int, float)) or (isinstance(value, str) and value.replace(".", "", 1).isdigit()):
+            return timedelta(hours=float(value))
+        return value
 
 
 @lru_cache(maxsize=1)

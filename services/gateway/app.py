@@ -1,28 +1,32 @@
-"""Gateway: MCP Streamable HTTP, auth, health; forwards tool calls to recall / ingest."""
+"""Gateway: MCP (Streamable HTTP + legacy SSE), auth, limits, admin REST, OAuth, health;
+forwards tool calls to recall / ingest."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import redis.asyncio as aioredis
 from fastapi import FastAPI
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.server.transport_security import TransportSecuritySettings
-from starlette.datastructures import Headers
-from starlette.responses import JSONResponse
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from services.common.internal import install_observability
+from services.gateway import admin_keys, openapi, rotation
 from services.gateway.admin_maintenance import router as admin_maintenance_router
 from services.gateway.api import router
-from services.gateway.auth import Authenticator, bearer_token
-from services.gateway.mcp_server import PRINCIPAL_SCOPE_KEY, GatewayContext, build_mcp_server
+from services.gateway.auth import Authenticator
+from services.gateway.edge import GatewayEdge
+from services.gateway.limits import RateLimiter
+from services.gateway.mcp_server import GatewayContext, build_mcp_server
+from services.gateway.modes import MODES
+from services.gateway.oauth import OAuthService, install_oauth
+from services.gateway.sessions import GatewaySession, SessionRegistry
+from services.gateway.transports import Transports
 from services.gateway.upstream import Upstreams
 from shared.db import create_pool
+from shared.jobs import celery_client
 from shared.settings import GatewaySettings
 from shared.telemetry import configure_logging, configure_tracing
 
@@ -30,54 +34,38 @@ logger = logging.getLogger(__name__)
 VERSION = "0.1.0"
 
 
-def resource_metadata_url(scope: Scope) -> str:
-    headers = Headers(scope=scope)
-    host = headers.get("host", "localhost")
-    scheme = headers.get("x-forwarded-proto", scope.get("scheme", "http"))
-    return f"{scheme}://{host}/.well-known/oauth-protected-resource"
+def public_config(settings: GatewaySettings) -> dict[str, object]:
+    """memory://config: the limits and thresholds a client can plan around."""
+    return {
+        "version": VERSION,
+        "modes": list(MODES),
+        "sessionSegment": {
+            "enabled": settings.session_segment,
+            "idleSeconds": settings.segment_idle.total_seconds(),
+            "lifetimeSeconds": settings.segment_lifetime.total_seconds(),
+        },
+        "limits": {
+            "maxBodyBytes": settings.max_body_bytes,
+            "rotatePerMinutePerIp": settings.rotate_rate_limit_per_min,
+            "requestsPerMinutePerIp": settings.ip_rate_limit_per_min,
+            "requestsPerMinutePerKey": settings.key_rate_limit_per_min,
+            "rememberMaxContent": 4000,
+            "batchRememberMax": 200,
+            "recallPageSizeMax": 50,
+            "recallTokenBudgetDefault": 1000,
+        },
+    }
 
 
-class BearerAuth:
-    """Authenticates every request to the wrapped ASGI app and hands the Principal on in
-    the ASGI scope; a missing or bad credential gets 401 with the RFC 9728 pointer."""
+class _Endpoint:
+    """An ASGI route target resolved at request time (the transports exist per app)."""
 
-    def __init__(self, app: ASGIApp, authenticator: Authenticator) -> None:
-        self.app = app
-        self.authenticator = authenticator
+    def __init__(self, handler_name: str, holder: dict[str, Transports]) -> None:
+        self.handler_name = handler_name
+        self.holder = holder
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        token = bearer_token(Headers(scope=scope).get("authorization"))
-        principal = await self.authenticator.authenticate(token)
-        if principal is None:
-            response = JSONResponse(
-                {"jsonrpc": "2.0", "id": None, "error": {"code": -32001, "message": "Unauthorized"}},
-                status_code=401,
-                headers={"WWW-Authenticate": f'Bearer resource_metadata="{resource_metadata_url(scope)}"'},
-            )
-            await response(scope, receive, send)
-            return
-        scope[PRINCIPAL_SCOPE_KEY] = principal
-        await self.app(scope, receive, send)
-
-
-def _transport_security(settings: GatewaySettings) -> TransportSecuritySettings:
-    if settings.allowed_hosts:
-        return TransportSecuritySettings(
-            enable_dns_rebinding_protection=True,
-            allowed_hosts=settings.allowed_hosts,
-            allowed_origins=settings.allowed_origins,
-        )
-    if settings.host in ("127.0.0.1", "localhost", "::1"):
-        return TransportSecuritySettings(
-            enable_dns_rebinding_protection=True,
-            allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
-            allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
-        )
-    # Behind an ingress the Host is the public name; list it in MCP_ALLOWED_HOSTS to check it.
-    return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+        await getattr(self.holder["transports"], self.handler_name)(scope, receive, send)
 
 
 def create_app(settings: GatewaySettings | None = None) -> FastAPI:
@@ -92,17 +80,15 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         settings.service_token,
         settings.upstream_timeout.total_seconds(),
     )
-    server = build_mcp_server(GatewayContext(upstreams=upstreams), VERSION)
-    session_manager = StreamableHTTPSessionManager(
-        app=server,
-        security_settings=_transport_security(settings),
-        max_request_body_size=settings.max_body_bytes,
-    )
-    state: dict[str, Any] = {}
+    gw = GatewayContext(upstreams=upstreams, config=public_config(settings))
+    server = build_mcp_server(gw, VERSION)
+    transports = Transports(server, settings)
+    holder = {"transports": transports}
 
-    class _McpEndpoint:
-        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-            await state["mcp_app"](scope, receive, send)
+    async def rotate_session(session: GatewaySession, reason: str) -> dict[str, object]:
+        return await rotation.rotate(transports, session, reason)
+
+    gw.rotate = rotate_session
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -112,16 +98,26 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             if settings.redis_active
             else None
         )
+        broker = settings.broker_url or (settings.redis_url if settings.redis_active else None)
+        celery = celery_client(broker) if broker else None
         authenticator = Authenticator(settings.access_key, pool)
-        state["mcp_app"] = BearerAuth(session_manager.handle_request, authenticator)
+        registry = SessionRegistry(settings, pool, celery)
+        registry.on_close = transports.forget
+        transports.registry = registry
+        gw.pool = pool
+        gw.registry = registry
         app.state.settings = settings
         app.state.pool = pool
         app.state.redis = redis_client
         app.state.upstreams = upstreams
         app.state.authenticator = authenticator
-        app.state.session_manager = session_manager
+        app.state.session_manager = transports.streamable
+        app.state.transports = transports
+        app.state.registry = registry
+        app.state.oauth = OAuthService(pool, settings)
+        app.state.limiter = RateLimiter(redis_client)
         try:
-            async with session_manager.run():
+            async with transports.streamable.run():
                 yield
         finally:
             await upstreams.aclose()
@@ -130,8 +126,17 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             await pool.close()
 
     app = FastAPI(title="Engram", version=VERSION, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.router.routes.append(Route("/mcp", endpoint=_McpEndpoint(), methods=["GET", "POST", "DELETE"]))
+    app.router.routes.append(Route("/mcp", endpoint=_Endpoint("mcp", holder), methods=["GET", "POST", "DELETE"]))
+    app.router.routes.append(Route("/sse", endpoint=_Endpoint("sse_connect", holder), methods=["GET"]))
+    app.router.routes.append(Route("/message", endpoint=_Endpoint("sse_message", holder), methods=["POST"]))
     app.include_router(router)
+    app.include_router(rotation.router)
+    app.include_router(admin_keys.auth_router)
+    app.include_router(admin_keys.router)
     app.include_router(admin_maintenance_router)
+    install_oauth(app)
+    openapi.install(app)
+    # Inside the observability middleware, so refusals (413, 429) are counted too.
+    app.add_middleware(GatewayEdge, state=app.state)
     install_observability(app, "gateway")
     return app

@@ -1,35 +1,39 @@
-"""The MCP surface: a low-level `mcp` Server whose tools forward to recall and ingest."""
+"""The MCP surface: a low-level `mcp` Server whose tools forward to recall and ingest, plus
+the tools, prompts and resources the gateway answers itself."""
 
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import asyncpg
 import mcp_types as types
 from mcp.server.lowlevel.server import Server
 from mcp.shared.exceptions import MCPError
 from prometheus_client import Counter
-from pydantic import Field
 
+from services.common.internal import parse_arguments
+from services.gateway import modes, skill_guide
+from services.gateway.sessions import GatewaySession, SessionRegistry
 from services.gateway.upstream import Upstreams
 from shared.contract.catalog import TOOLS, TOOLS_BY_NAME, ToolSpec
-from shared.domain.errors import EngramError, PermissionDenied
+from shared.domain.errors import INVALID_REQUEST, EngramError, PermissionDenied
 from shared.domain.principal import Principal
+from shared.repositories import keys as keys_repo
+from shared.repositories import topics as topics_repo
 
 logger = logging.getLogger(__name__)
 
 PRINCIPAL_SCOPE_KEY = "engram.principal"
+SESSION_STATE_KEY = "engram.session"
+# JSON-RPC server error for a key past its daily_limit (the seed names no code for it).
+DAILY_LIMIT_EXCEEDED = -32000
 
 RBAC_DENIED = Counter("mcp_rbac_denied_total", "Tool calls refused by RBAC", ["tool", "required"])
+MODE_DENIED = Counter("mcp_mode_denied_total", "Tool calls refused by the session's mode preset", ["tool", "mode"])
 MCP_TOOL_CALLS = Counter("mcp_tool_calls_total", "MCP tool calls", ["tool", "outcome"])
-
-
-class MementoTool(types.Tool):
-    """A tools/list entry with the reference's top-level `meta` block (besides MCP's `_meta`)."""
-
-    memento_meta: dict[str, Any] | None = Field(default=None, alias="meta")
 
 
 def has_permission(principal: Principal, required: str | None) -> bool:
@@ -51,60 +55,246 @@ def check_permission(principal: Principal, spec_name: str, required: str | None)
 
 @dataclass
 class GatewayContext:
+    """What the MCP handlers need; the app's lifespan fills in the clients."""
+
     upstreams: Upstreams
+    pool: asyncpg.Pool | None = None
+    registry: SessionRegistry | None = None
+    # rotate(session, reason) -> the seed's rotate reply; set by the app (it owns the transports).
+    rotate: Any = None
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def _connection(ctx: Any) -> Any:
+    # The SDK keeps per-connection state on the runner's Connection; ServerSession wraps it.
+    return ctx.session._connection  # noqa: SLF001
+
+
+def _session(ctx: Any) -> GatewaySession | None:
+    state = getattr(_connection(ctx), "state", None)
+    return state.get(SESSION_STATE_KEY) if state is not None else None
 
 
 def _principal(ctx: Any) -> Principal:
     request = getattr(ctx, "request", None)
     principal = request.scope.get(PRINCIPAL_SCOPE_KEY) if request is not None else None
-    if principal is None:  # the auth wrapper runs before every request; this is a wiring bug
-        raise MCPError(code=-32600, message="Internal error")
+    if principal is None:
+        # Legacy SSE: POST /message carries no credential; the session holds the one from GET /sse.
+        session = _session(ctx)
+        principal = session.principal if session is not None else None
+    if principal is None:  # every transport authenticates first; this is a wiring bug
+        raise MCPError(code=INVALID_REQUEST, message="Internal error")
     return principal
 
 
-def _session(ctx: Any) -> dict[str, Any]:
+def _mode(ctx: Any, principal: Principal) -> str | None:
     request = getattr(ctx, "request", None)
-    transport_id = request.headers.get("mcp-session-id") if request is not None else None
-    return {"id": transport_id, "transport_id": transport_id}
+    header = modes.normalize(request.headers.get(modes.MODE_HEADER)) if request is not None else None
+    if header:
+        return header
+    session = _session(ctx)
+    if session is not None and session.mode:
+        return session.mode
+    return modes.normalize(principal.default_mode)
 
 
-def tool_listing(spec: ToolSpec) -> MementoTool:
-    return MementoTool(
-        name=spec.name,
-        description=spec.description,
-        input_schema=spec.input_schema(),
-        meta=spec.meta(),
+def tool_listing(spec: ToolSpec) -> types.Tool:
+    return types.Tool(name=spec.name, description=spec.description, input_schema=spec.input_schema(), meta=spec.meta())
+
+
+def _text_result(result: dict[str, Any], is_error: bool = False) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=json.dumps(result, ensure_ascii=False))],
+        structured_content=result,
+        is_error=is_error,
     )
 
 
 def build_mcp_server(gw: GatewayContext, version: str) -> Server[Any]:
+    async def on_initialize(ctx: Any) -> None:
+        """Bind the connection to a gateway session: owner, mode, segment."""
+        connection = _connection(ctx)
+        if connection.state.get(SESSION_STATE_KEY) is not None or gw.registry is None:
+            return
+        session_id = connection.session_id
+        if session_id is None:
+            return
+        principal = _principal(ctx)
+        params = ctx.params or {}
+        request = getattr(ctx, "request", None)
+        header_mode = modes.normalize(request.headers.get(modes.MODE_HEADER)) if request is not None else None
+        mode = header_mode or modes.normalize(params.get("mode")) or modes.normalize(principal.default_mode)
+        existing = gw.registry.get(session_id)
+        if existing is not None:  # legacy SSE: opened at GET /sse
+            if header_mode or params.get("mode"):
+                existing.mode = mode
+            session = existing
+        else:
+            token = None
+            if request is not None:
+                scheme, _, value = (request.headers.get("authorization") or "").partition(" ")
+                token = value.strip() if scheme.lower() == "bearer" else None
+            session = await gw.registry.open(session_id, "streamable-http", principal, token, mode)
+        connection.state[SESSION_STATE_KEY] = session
+        registry = gw.registry
+
+        async def closed() -> None:
+            await registry.close(session.session_id, "session_end")
+
+        connection.exit_stack.push_async_callback(closed)
+
+    async def middleware(ctx: Any, call_next: Any) -> Any:
+        if ctx.method == "initialize":
+            result = await call_next(ctx)
+            await on_initialize(ctx)
+            return result
+        result = await call_next(ctx)
+        if ctx.method == "tools/list" and isinstance(result, dict):
+            # seed: every tools/list entry carries a top-level `meta`; the SDK's result sieve
+            # keeps only `_meta`, so the reference's field is put back after it.
+            for tool in result.get("tools", []):
+                spec = TOOLS_BY_NAME.get(tool.get("name"))
+                if spec is not None:
+                    tool["meta"] = spec.meta()
+        return result
+
     async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[tool_listing(spec) for spec in TOOLS])
+        mode = _mode(ctx, _principal(ctx))
+        shown = modes.visible(mode, list(TOOLS), lambda s: s.name)
+        return types.ListToolsResult(tools=[tool_listing(spec) for spec in shown])
+
+    async def gateway_tool(ctx: Any, spec: ToolSpec, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        args = parse_arguments(spec.args, arguments)
+        if spec.name == "get_skill_guide":
+            return skill_guide.guide(args.section), False
+        if spec.name == "session_rotate":
+            session = _session(ctx)
+            if session is None or gw.rotate is None:
+                return {"ok": False, "error": "no session to rotate"}, True
+            return await gw.rotate(session, args.reason or "explicit_rotate"), False
+        raise MCPError(code=-32602, message=f"Unknown tool: {spec.name}")
+
+    async def enforce_daily_limit(principal: Principal) -> None:
+        if principal.key_id is None or principal.daily_limit is None or gw.pool is None:
+            return
+        async with gw.pool.acquire() as conn:
+            calls = await keys_repo.count_call(conn, principal.key_id)
+        if calls > principal.daily_limit:
+            raise MCPError(code=DAILY_LIMIT_EXCEEDED, message=f"Daily limit exceeded ({principal.daily_limit} calls per day)")
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         principal = _principal(ctx)
         spec = TOOLS_BY_NAME.get(params.name)
         if spec is None:
             raise MCPError(code=-32602, message=f"Unknown tool: {params.name}")
+        mode = _mode(ctx, principal)
+        if not modes.allows(mode, spec.name):
+            MODE_DENIED.labels(spec.name, str(mode)).inc()
+            raise MCPError(code=INVALID_REQUEST, message=f"Tool '{spec.name}' is not available in mode '{mode}'")
+        arguments = dict(params.arguments or {})
         try:
             check_permission(principal, spec.name, spec.permission)
-            result, is_error = await gw.upstreams.call(
-                spec.service, spec.name, dict(params.arguments or {}), principal, _session(ctx)
-            )
+            await enforce_daily_limit(principal)
+            session = _session(ctx)
+            wire_session = None
+            if session is not None and gw.registry is not None:
+                segment = await gw.registry.current_segment(session, spec.name)
+                wire_session = {"id": segment, "transport_id": session.session_id}
+            if spec.service == "gateway":
+                result, is_error = await gateway_tool(ctx, spec, arguments)
+            else:
+                result, is_error = await gw.upstreams.call(spec.service, spec.name, arguments, principal, wire_session)
         except EngramError as exc:
             MCP_TOOL_CALLS.labels(spec.name, "error").inc()
             raise MCPError(code=exc.code, message=exc.message, data=exc.data) from None
         MCP_TOOL_CALLS.labels(spec.name, "tool_error" if is_error else "ok").inc()
-        return types.CallToolResult(
-            content=[types.TextContent(type="text", text=json.dumps(result, ensure_ascii=False))],
-            structured_content=result,
-            is_error=is_error,
+        return _text_result(result, is_error)
+
+    async def list_prompts(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListPromptsResult:
+        return types.ListPromptsResult(
+            prompts=[
+                types.Prompt(
+                    name=name,
+                    description=description,
+                    arguments=[types.PromptArgument(name=a, description=d, required=r) for a, d, r in arguments],
+                )
+                for name, (description, arguments) in skill_guide.PROMPTS.items()
+            ]
         )
 
-    return Server(
+    async def get_prompt(ctx: Any, params: types.GetPromptRequestParams) -> types.GetPromptResult:
+        if params.name not in skill_guide.PROMPTS:
+            raise MCPError(code=-32602, message=f"Unknown prompt: {params.name}")
+        description, declared = skill_guide.PROMPTS[params.name]
+        arguments = dict(params.arguments or {})
+        missing = [a for a, _d, required in declared if required and not arguments.get(a)]
+        if missing:
+            raise MCPError(code=-32602, message=f"Missing required argument(s): {', '.join(missing)}")
+        text = skill_guide.prompt_text(params.name, arguments)
+        return types.GetPromptResult(
+            description=description,
+            messages=[types.PromptMessage(role="user", content=types.TextContent(type="text", text=text))],
+        )
+
+    resources = {
+        "memory://stats": ("stats", "Fragment counts by type and tier, from memory_stats"),
+        "memory://topics": ("topics", "Every distinct topic label the caller can see"),
+        "memory://config": ("config", "Weights, limits and TTL thresholds in effect"),
+        "memory://active-session": ("active-session", "This session's tool activity"),
+    }
+
+    async def list_resources(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
+        return types.ListResourcesResult(
+            resources=[
+                types.Resource(uri=uri, name=name, description=description, mime_type="application/json")
+                for uri, (name, description) in resources.items()
+            ]
+        )
+
+    async def read_resource(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        uri = str(params.uri)
+        principal = _principal(ctx)
+        if uri == "memory://stats":
+            check_permission(principal, "memory_stats", "read")
+            body, _ = await gw.upstreams.call("recall", "memory_stats", {}, principal, None)
+        elif uri == "memory://topics":
+            check_permission(principal, "recall", "read")
+            assert gw.pool is not None
+            async with gw.pool.acquire() as conn:
+                body = {"topics": await topics_repo.list_topics(conn, principal)}
+        elif uri == "memory://config":
+            body = gw.config
+        elif uri == "memory://active-session":
+            session = _session(ctx)
+            body = (
+                {
+                    "sessionId": session.session_id,
+                    "segmentId": session.segment_id(gw.registry.segmented if gw.registry else False),
+                    "transport": session.transport,
+                    "mode": session.mode,
+                    "keyId": session.principal.key_id,
+                    "startedAt": session.started_at,
+                    "activity": list(session.activity),
+                }
+                if session is not None
+                else {"sessionId": None, "activity": []}
+            )
+        else:
+            raise MCPError(code=-32602, message=f"Unknown resource: {uri}")
+        return types.ReadResourceResult(
+            contents=[types.TextResourceContents(uri=uri, mime_type="application/json", text=json.dumps(body, ensure_ascii=False, default=str))]
+        )
+
+    server: Server[Any] = Server(
         "engram",
         version=version,
         instructions="Long-term memory: remember atomic fragments, recall them by meaning or keyword.",
         on_list_tools=list_tools,
         on_call_tool=call_tool,
+        on_list_prompts=list_prompts,
+        on_get_prompt=get_prompt,
+        on_list_resources=list_resources,
+        on_read_resource=read_resource,
     )
+    server.middleware.append(middleware)
+    return server

@@ -2,6 +2,42 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
 from shared.contract.spec import ToolSpec
 
-GATEWAY_TOOLS: tuple[ToolSpec, ...] = ()
+SKILL_SECTIONS = (
+    "overview", "lifecycle", "keywords", "search", "episode", "multiplatform", "codex", "tools",
+    "importance", "experiential", "cbr", "triggers", "antipatterns",
+)
+
+
+class GetSkillGuideArgs(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    section: Literal[SKILL_SECTIONS] | None = None  # type: ignore[valid-type]
+
+
+class SessionRotateArgs(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    # seed: the tool's reason is at most 256 characters (the HTTP endpoint's is 128).
+    reason: str | None = Field(None, max_length=256)
+
+
+GATEWAY_TOOLS: tuple[ToolSpec, ...] = (
+    ToolSpec(
+        "get_skill_guide",
+        "The guide to using this memory well: tools, session lifecycle, keyword rules, search strategy, "
+        "episodes, case-based reasoning, triggers and anti-patterns. section= returns one section.",
+        GetSkillGuideArgs, "gateway", ("guide",), "read", True,
+    ),
+    ToolSpec(
+        "session_rotate",
+        "End the current session id and issue a new one (suspected token leak or periodic rotation); "
+        "the bound key, workspace and permissions carry over.",
+        SessionRotateArgs, "gateway", ("session", "rotate"), "write", False,
+    ),
+)
