@@ -114,16 +114,19 @@ def build_mcp_server(gw: GatewayContext, version: str) -> Server[Any]:
     async def on_initialize(ctx: Any) -> None:
         """Bind the connection to a gateway session: owner, mode, segment."""
         connection = _connection(ctx)
-        if connection.state.get(SESSION_STATE_KEY) is not None or gw.registry is None:
-            return
         session_id = connection.session_id
-        if session_id is None:
+        if session_id is None or gw.registry is None:
             return
         principal = _principal(ctx)
         params = ctx.params or {}
         request = getattr(ctx, "request", None)
         header_mode = modes.normalize(request.headers.get(modes.MODE_HEADER)) if request is not None else None
         mode = header_mode or modes.normalize(params.get("mode")) or modes.normalize(principal.default_mode)
+        bound = connection.state.get(SESSION_STATE_KEY)
+        if bound is not None:
+            # A reused session initialized again: it keeps its state, the new mode applies.
+            bound.mode = mode
+            return
         existing = gw.registry.get(session_id)
         if existing is not None:  # legacy SSE: opened at GET /sse
             if header_mode or params.get("mode"):
