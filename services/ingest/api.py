@@ -8,9 +8,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from services.common.internal import ToolContext
-from services.ingest.admin_tools import TOOL_HANDLERS as ADMIN_TOOL_HANDLERS
+from services.ingest import amend as amend_tool
+from services.ingest import batch as batch_tool
 from services.ingest import forget as forget_tool
+from services.ingest import link as link_tool
+from services.ingest import reflect as reflect_tool
 from services.ingest import remember as remember_tool
+from services.ingest.admin_tools import TOOL_HANDLERS as ADMIN_TOOL_HANDLERS
 from services.ingest.service import after_commit
 from shared.db import ping
 from shared.jobs import JobBuffer
@@ -39,13 +43,20 @@ def _with_jobs(tool):  # type: ignore[no-untyped-def]
     return handler
 
 
-async def _forget(request: Request, ctx: ToolContext, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    return await forget_tool.forget(request.app.state.resources, ctx, arguments)
+def _plain(tool):  # type: ignore[no-untyped-def]
+    async def handler(request: Request, ctx: ToolContext, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        return await tool(request.app.state.resources, ctx, arguments)
+
+    return handler
 
 
 tool_handlers = {
     "remember": _with_jobs(remember_tool.remember),
-    "batch_remember": _with_jobs(remember_tool.batch_remember),
-    "forget": _forget,
+    "batch_remember": _with_jobs(batch_tool.batch_remember),
+    "batch_status": _plain(batch_tool.batch_status),
+    "forget": _plain(forget_tool.forget),
+    "amend": _with_jobs(amend_tool.amend),
+    "link": _with_jobs(link_tool.link),
+    "reflect": _with_jobs(reflect_tool.reflect),
     **ADMIN_TOOL_HANDLERS,
 }

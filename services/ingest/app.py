@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 from fastapi import FastAPI
+from redis.asyncio import Redis
 
 from services.ingest.api import router, tool_handlers
 from services.ingest.service import WriteResources
@@ -27,12 +28,16 @@ def create_app(settings: IngestSettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool = await create_pool(settings.database_url, min_size=settings.db_pool_min, max_size=settings.db_pool_max)
         embedder = await anyio.to_thread.run_sync(load_embedder)
+        # The batch queue and the feedback-sampling limits; no connection is made until used.
+        redis = Redis.from_url(settings.redis_url, socket_connect_timeout=2, socket_timeout=5) if settings.redis_active else None
         app.state.settings = settings
-        app.state.resources = WriteResources(pool=pool, embedder=embedder)
+        app.state.resources = WriteResources(pool=pool, embedder=embedder, settings=settings, redis=redis)
         app.state.celery = celery_client(settings.broker_url or settings.redis_url) if settings.redis_active else None
         try:
             yield
         finally:
+            if redis is not None:
+                await redis.aclose()
             await pool.close()
 
     app = FastAPI(title="engram-ingest", lifespan=lifespan, docs_url=None, redoc_url=None)

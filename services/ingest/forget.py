@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from services.common.internal import ToolContext, parse_arguments
-from shared.contract.write import ForgetArgs
+from services.ingest.feedback import attach_hint
 from services.ingest.service import WriteResources
+from shared.contract.write import ForgetArgs
 from shared.domain.errors import InvalidParams
 from shared.repositories import fragments as fragments_repo
 
@@ -47,4 +48,4 @@ async def forget(res: WriteResources, ctx: ToolContext, arguments: dict[str, Any
     result: dict[str, Any] = {"success": True, "deleted": deleted}
     if protected:
         result["protected"] = protected
-    return result, False
+    return await attach_hint(res, "forget", ctx.session_id, result), False

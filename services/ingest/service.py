@@ -1,14 +1,16 @@
-"""The write path: remember, batch_remember, forget."""
+"""What every write tool shares: resources, building a fragment from arguments (workspace
+resolution, secret screening, truncation, keywords), quota, and post-commit jobs."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import asyncpg
 import numpy as np
+from redis.asyncio import Redis
 
 from services.common.internal import ToolContext
 from shared.contract.write import RememberArgs
@@ -16,29 +18,39 @@ from shared.domain import fragment as frag
 from shared.domain.errors import InvalidParams
 from shared.domain.keywords import merge_keywords
 from shared.domain.principal import Principal
+from shared.domain.secrets import SecretFound, screen
 from shared.embeddings import Embedder
 from shared.jobs import JobBuffer
 from shared.repositories import fragments as fragments_repo
 from shared.repositories import links as links_repo
+from shared.repositories.batch_jobs import BatchQueue
+from shared.settings import IngestSettings
 
 logger = logging.getLogger(__name__)
 
 # Near-duplicates reported as `conflicts` on remember (cosine similarity).
 CONFLICT_SIMILARITY = 0.92
 TOO_SHORT = "Content too short: length < 10 and word count < 3"
+QUOTA_EXCEEDED = "fragment_limit_exceeded"
 
 
 @dataclass
 class WriteResources:
     pool: asyncpg.Pool
     embedder: Embedder
+    settings: IngestSettings = field(default_factory=IngestSettings)
+    redis: Redis | None = None
 
     async def embed(self, texts: list[str]) -> np.ndarray:
         # The model holds the GIL only partly; a worker thread keeps the event loop free.
         return await anyio.to_thread.run_sync(self.embedder.embed, texts)
 
+    def batch_queue(self) -> BatchQueue | None:
+        return BatchQueue(self.redis) if self.redis is not None else None
+
 
 def resolve_workspace(principal: Principal, explicit: str | None, batch_default: str | None = None) -> tuple[str | None, str]:
+    """seed workspace_source: explicit (the request, or the batch default) / key_default / unscoped."""
     if explicit:
         return explicit, "explicit"
     if batch_default:
@@ -48,21 +60,56 @@ def resolve_workspace(principal: Principal, explicit: str | None, batch_default:
     return None, "unscoped"
 
 
-def build_fragment(args: RememberArgs, ctx: ToolContext, batch_workspace: str | None = None) -> frag.NewFragment:
-    if frag.content_too_short(args.content):
+def workspace_not_allowed(principal: Principal, workspace: str | None) -> bool:
+    return principal.allowed_workspaces is not None and workspace not in principal.allowed_workspaces
+
+
+class Screening:
+    """Secret screening of one write: refuse (InvalidParams naming the kind) or redact."""
+
+    def __init__(self, settings: IngestSettings) -> None:
+        self.policy = settings.secret_policy
+        self.redacted: list[str] = []
+
+    def text(self, name: str, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            kept = screen(name, value, self.policy)
+        except SecretFound as exc:
+            raise InvalidParams(exc.message, {"field": name, "secretKinds": exc.kinds}) from None
+        for kind in kept.redacted:
+            if kind not in self.redacted:
+                self.redacted.append(kind)
+        return kept.text
+
+    def texts(self, name: str, values: list[str] | None) -> list[str] | None:
+        if values is None:
+            return None
+        return [self.text(name, v) or "" for v in values]
+
+
+def build_fragment(
+    args: RememberArgs, ctx: ToolContext, settings: IngestSettings, batch_workspace: str | None = None
+) -> frag.NewFragment:
+    # Screen the full input before truncation: a secret across the 300-char cut is still one.
+    screening = Screening(settings)
+    raw_content = screening.text("content", args.content) or ""
+    if frag.content_too_short(raw_content):
         raise InvalidParams(TOO_SHORT)
     workspace, workspace_source = resolve_workspace(ctx.principal, args.workspace, batch_workspace)
-    content = frag.stored_content(args.content, args.type)
+    content = frag.stored_content(raw_content, args.type)
     session_id = args.sessionId or ctx.session_id
-    return frag.NewFragment(
+    keywords = screening.texts("keywords", args.keywords)
+    f = frag.NewFragment(
         id=frag.new_fragment_id(),
         content=content,
-        topic=args.topic.strip(),
+        topic=(screening.text("topic", args.topic) or "").strip(),
         type=args.type,
-        keywords=merge_keywords(args.keywords, content, frag.MAX_KEYWORDS),
+        keywords=merge_keywords(keywords, content, frag.MAX_KEYWORDS),
         importance=args.importance if args.importance is not None else frag.DEFAULT_IMPORTANCE[args.type],
         content_hash=frag.content_hash(content),
-        source=args.source,
+        source=screening.text("source", args.source),
         scope=args.scope,
         is_anchor=args.isAnchor,
         ttl_tier=frag.initial_ttl_tier(is_anchor=args.isAnchor, scope=args.scope),
@@ -73,14 +120,17 @@ def build_fragment(args: RememberArgs, ctx: ToolContext, batch_workspace: str | 
         session_id=session_id,
         # seed: caseId defaults to the current session.
         case_id=args.caseId or session_id,
-        goal=args.goal,
-        outcome=args.outcome,
+        goal=screening.text("goal", args.goal),
+        outcome=screening.text("outcome", args.outcome),
         phase=args.phase,
         resolution_status=args.resolutionStatus,
         assertion_status=args.assertionStatus,
         affect=args.affect,
-        context_summary=args.contextSummary,
+        context_summary=screening.text("contextSummary", args.contextSummary),
     )
+    if screening.redacted:
+        f.extra["secrets_redacted"] = screening.redacted
+    return f
 
 
 def embedding_text(f: frag.NewFragment) -> str:
@@ -95,6 +145,9 @@ async def after_commit(res: WriteResources, jobs: JobBuffer, celery: Any) -> Non
         if job.task == "maintenance.link_new_fragments":
             async with res.pool.acquire() as conn, conn.transaction():
                 await links_repo.auto_link(conn, job.kwargs["fragment_ids"])
+        elif job.task == "maintenance.batch_remember":
+            # The job is on the Redis batch queue already; beat's batch_recover drains it.
+            logger.warning("batch job %s queued without a wake-up; the periodic recovery will take it", job.kwargs)
         else:
             logger.error("job %s could not be queued and has no inline path", job.task)
 
@@ -104,3 +157,14 @@ async def check_quota(conn: asyncpg.Connection, principal: Principal, adding: in
         return None
     used = await fragments_repo.count_owned(conn, principal.key_id)
     return {"used": used, "limit": principal.fragment_limit, "remaining": max(principal.fragment_limit - used - adding, -1)}
+
+
+async def lock_quota(conn: asyncpg.Connection, principal: Principal, adding: int) -> dict[str, int] | None:
+    """Quota check under a row lock on the key, so concurrent writers cannot overshoot.
+
+    (The reference makes this atomic only with MEMENTO_REMEMBER_ATOMIC=true; Engram always
+    does, since the lock is one indexed row.)"""
+    if principal.key_id is None or principal.fragment_limit is None:
+        return None
+    await conn.execute("SELECT 1 FROM api_keys WHERE id = $1 FOR UPDATE", principal.key_id)
+    return await check_quota(conn, principal, adding)

@@ -67,22 +67,106 @@ class ForgetArgs(_Args):
     dryRun: bool = False
 
 
+class BatchStatusArgs(_Args):
+    jobId: str = Field(min_length=1, max_length=64)
+
+
+AmendTypeArg = Literal["fact", "decision", "error", "preference", "procedure", "relation"]
+
+
+class AmendArgs(_Args):
+    id: str = Field(min_length=1)
+    content: str | None = Field(None, max_length=MAX_CONTENT_CHARS)
+    topic: str | None = Field(None, min_length=1, max_length=200)
+    keywords: list[str] | None = Field(None, max_length=50)
+    type: AmendTypeArg | None = None
+    importance: float | None = Field(None, ge=0, le=1)
+    isAnchor: bool | None = None
+    supersedes: bool = False
+    assertionStatus: Literal["observed", "inferred", "verified", "rejected"] | None = None
+    resolutionStatus: Literal["open", "resolved", "abandoned"] | None = None
+    outcome: str | None = None
+    phase: str | None = None
+    agentId: str | None = None
+    dryRun: bool = False
+
+
+class LinkArgs(_Args):
+    fromId: str = Field(min_length=1)
+    toId: str = Field(min_length=1)
+    relationType: Literal["related", "caused_by", "resolved_by", "part_of", "contradicts"] = "related"
+    agentId: str | None = None
+    weight: float = Field(1.0, ge=0, le=1)
+    dryRun: bool = False
+
+
+class TaskEffectivenessArg(BaseModel):
+    # Lenient on purpose: seed says an outcome outside the enum is stored as NULL, not refused.
+    model_config = ConfigDict(extra="ignore")
+
+    outcome: str | None = Field(None, description="completed | partial | blocked | abandoned | unknown")
+    evaluator: str | None = Field(None, description="agent | automatic | human (default agent)")
+    evidence: str | None = None
+    unmet_requirements: list[str] | None = None
+    overall_success: bool | None = None
+    tool_highlights: list[str] | None = None
+    tool_pain_points: list[str] | None = None
+
+
+class ReflectArgs(_Args):
+    summary: str | list[str] | None = None
+    sessionId: str | None = None
+    decisions: list[str] | None = None
+    errors_resolved: list[str] | None = None
+    new_procedures: list[str] | None = None
+    open_questions: list[str] | None = None
+    narrative_summary: str | None = Field(None, max_length=MAX_CONTENT_CHARS)
+    agentId: str | None = None
+    workspace: str | None = Field(None, max_length=200)
+    task_effectiveness: TaskEffectivenessArg | None = None
+
+
 WRITE_TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "remember",
         "Store one atomic memory fragment (1-3 sentences, one fact/decision/error/preference/"
         "procedure/relation/episode). Content over 4000 characters is refused; non-episode content "
-        "is cut at 300 characters.",
+        "is cut at 300 characters. Secrets (passwords, tokens, API or private keys) are never stored.",
         RememberArgs, "ingest", ("store", "dedup", "supersede", "link", "dryRun", "idempotency"), "write", False,
     ),
     ToolSpec(
         "batch_remember",
-        "Store up to 200 fragments in one transaction; results[i] answers fragments[i].",
+        "Store up to 200 fragments in one transaction; results[i] answers fragments[i]. "
+        "async=true queues them and returns a jobId for batch_status.",
         BatchRememberArgs, "ingest", ("store", "batch", "async"), "write", False,
+    ),
+    ToolSpec(
+        "batch_status",
+        "State of an async batch_remember job: queued, processing, completed or dead, with counts.",
+        BatchStatusArgs, "ingest", ("status", "batch"), "read", True,
     ),
     ToolSpec(
         "forget",
         "Delete a fragment by id, or all fragments of a topic. Permanent-tier fragments need force.",
         ForgetArgs, "ingest", ("delete", "dryRun"), "write", False,
+    ),
+    ToolSpec(
+        "amend",
+        "Update a fragment's content or metadata in place, keeping its id and links; every change "
+        "keeps the previous state as a version. supersedes=true replaces it with a new fragment.",
+        AmendArgs, "ingest", ("update", "version", "supersede", "dryRun"), "write", False,
+    ),
+    ToolSpec(
+        "link",
+        "Relate two fragments (related, caused_by, resolved_by, part_of, contradicts) with a weight; "
+        "refuses cycles of directed relations.",
+        LinkArgs, "ingest", ("link", "graph", "dryRun"), "write", True,
+    ),
+    ToolSpec(
+        "reflect",
+        "Persist what a session learned: each summary / decision / resolved error / procedure / open "
+        "question becomes one fragment, plus an episode narrative; with sessionId, per workspace, case "
+        "and topic group.",
+        ReflectArgs, "ingest", ("store", "reflect", "session", "taskFeedback"), "write", False,
     ),
 )

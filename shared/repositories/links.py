@@ -58,3 +58,52 @@ async def unlinked_fragment_ids(conn: asyncpg.Connection, limit: int) -> list[st
         "SELECT id FROM fragments WHERE auto_linked_at IS NULL AND embedding IS NOT NULL ORDER BY created_at LIMIT $1", limit
     )
     return [r["id"] for r in rows]
+
+
+# Directed relations: a chain of them must not loop back (A caused_by B caused_by A).
+# related and contradicts are symmetric and carry no direction to cycle on.
+DIRECTED_RELATIONS = ("caused_by", "resolved_by", "part_of", "superseded_by")
+# Cycle search depth: deeper causal chains than this are not a realistic memory graph.
+CYCLE_SEARCH_DEPTH = 64
+
+
+async def get_link(conn: asyncpg.Connection, from_id: str, to_id: str, relation_type: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(
+        "SELECT from_id, to_id, relation_type, weight FROM fragment_links WHERE from_id = $1 AND to_id = $2 AND relation_type = $3",
+        from_id, to_id, relation_type,
+    )
+
+
+async def upsert_link(
+    conn: asyncpg.Connection, from_id: str, to_id: str, relation_type: str, weight: float, key_id: str | None
+) -> bool:
+    """Create the link or update its weight; True when it was created."""
+    return bool(
+        await conn.fetchval(
+            """
+            INSERT INTO fragment_links (from_id, to_id, relation_type, weight, key_id)
+            VALUES ($1, $2, $3, $4, $5)
+            ON CONFLICT (from_id, to_id, relation_type) DO UPDATE SET weight = EXCLUDED.weight
+            RETURNING (xmax = 0)
+            """,
+            from_id, to_id, relation_type, weight, key_id,
+        )
+    )
+
+
+async def path_between(conn: asyncpg.Connection, start: str, goal: str, relation_type: str) -> list[str] | None:
+    """The ids of a chain start -> ... -> goal along relation_type links, or None."""
+    row = await conn.fetchrow(
+        """
+        WITH RECURSIVE walk(id, path, depth) AS (
+            SELECT $1::text, ARRAY[$1::text], 0
+            UNION ALL
+            SELECT l.to_id, w.path || l.to_id, w.depth + 1
+            FROM walk w JOIN fragment_links l ON l.from_id = w.id AND l.relation_type = $3
+            WHERE NOT l.to_id = ANY(w.path) AND w.depth < $4
+        )
+        SELECT path FROM walk WHERE id = $2 ORDER BY depth LIMIT 1
+        """,
+        start, goal, relation_type, CYCLE_SEARCH_DEPTH,
+    )
+    return list(row["path"]) if row else None
