@@ -117,7 +117,9 @@ def build_mcp_server(gw: GatewayContext, version: str) -> Server[Any]:
         session_id = connection.session_id
         if session_id is None or gw.registry is None:
             return
-        principal = _principal(ctx)
+        existing = gw.registry.get(session_id)
+        # Legacy SSE: the session was opened (and authenticated) at GET /sse.
+        principal = existing.principal if existing is not None else _principal(ctx)
         params = ctx.params or {}
         request = getattr(ctx, "request", None)
         header_mode = modes.normalize(request.headers.get(modes.MODE_HEADER)) if request is not None else None
@@ -127,8 +129,7 @@ def build_mcp_server(gw: GatewayContext, version: str) -> Server[Any]:
             # A reused session initialized again: it keeps its state, the new mode applies.
             bound.mode = mode
             return
-        existing = gw.registry.get(session_id)
-        if existing is not None:  # legacy SSE: opened at GET /sse
+        if existing is not None:
             if header_mode or params.get("mode"):
                 existing.mode = mode
             session = existing

@@ -21,19 +21,27 @@ def generate_raw_key() -> str:
     return f"{KEY_PREFIX}{secrets.token_hex(24)}"
 
 
+_PRINCIPAL_SQL = """
+    SELECT k.*, ARRAY(
+        SELECT DISTINCT m2.key_id FROM key_group_members m1
+        JOIN key_group_members m2 ON m2.group_id = m1.group_id
+        WHERE m1.key_id = k.id
+    ) AS group_key_ids
+    FROM api_keys k WHERE {where} AND k.status = 'active'
+"""
+
+
 async def principal_for_raw_key(conn: asyncpg.Connection, raw: str) -> Principal | None:
     """The active key with this raw value, with the keys its groups let it read."""
-    row = await conn.fetchrow(
-        """
-        SELECT k.*, ARRAY(
-            SELECT DISTINCT m2.key_id FROM key_group_members m1
-            JOIN key_group_members m2 ON m2.group_id = m1.group_id
-            WHERE m1.key_id = k.id
-        ) AS group_key_ids
-        FROM api_keys k WHERE k.key_hash = $1 AND k.status = 'active'
-        """,
-        hash_key(raw),
-    )
+    return _principal(await conn.fetchrow(_PRINCIPAL_SQL.format(where="k.key_hash = $1"), hash_key(raw)))
+
+
+async def principal_for_key_id(conn: asyncpg.Connection, key_id: str) -> Principal | None:
+    """The active key with this id (an OAuth token bound to it), as principal_for_raw_key."""
+    return _principal(await conn.fetchrow(_PRINCIPAL_SQL.format(where="k.id = $1"), key_id))
+
+
+def _principal(row: asyncpg.Record | None) -> Principal | None:
     if row is None:
         return None
     visible = tuple(sorted({row["id"], *row["group_key_ids"]}))

@@ -40,7 +40,6 @@ def start_gateway(stack: Stack, name: str, redis_db: int, env: dict[str, str]) -
             "INGEST_URL": stack.ingest_url,
             # Its own Redis database: its rate-limit counters must not meet the main gateway's.
             "REDIS_URL": _redis_db(stack.redis_url, redis_db),
-            "CELERY_BROKER_URL": stack.redis_url,
             **env,
         },
     )
@@ -71,6 +70,8 @@ def tuned_gateway(stack: Stack) -> Iterator[Gateway]:
             "MEMENTO_SESSION_SEGMENT_IDLE": "PT1S",
             "ALLOWED_ORIGINS": "https://example.com,http://localhost:*,http://127.0.0.1:*",
             "MEMENTO_ROTATE_RATE_LIMIT_PER_MIN": "1000",
+            # A broker database no worker reads, so tests can read the jobs it was sent.
+            "CELERY_BROKER_URL": _redis_db(stack.redis_url, 3),
         },
     )
     yield gateway
