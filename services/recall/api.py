@@ -7,11 +7,9 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from services.common.internal import ToolContext, parse_arguments
-from services.recall import service
-from shared.contract.read import MemoryStatsArgs
+from services.common.internal import ToolContext
+from services.recall import service, tools
 from shared.db import ping
-from shared.repositories import fragments as fragments_repo
 
 router = APIRouter()
 
@@ -25,15 +23,20 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse({"status": "healthy", "service": "recall", "database": "ok"})
 
 
-async def _recall(request: Request, ctx: ToolContext, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    return await service.recall(request.app.state.resources, ctx, arguments)
+def _handler(fn: Any) -> Any:
+    async def handle(request: Request, ctx: ToolContext, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        return await fn(request.app.state.resources, ctx, arguments)
+
+    return handle
 
 
-async def _memory_stats(request: Request, ctx: ToolContext, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-    parse_arguments(MemoryStatsArgs, arguments)
-    async with request.app.state.resources.pool.acquire() as conn:
-        stats = await fragments_repo.stats(conn, ctx.principal)
-    return {"success": True, "stats": stats}, False
-
-
-tool_handlers = {"recall": _recall, "memory_stats": _memory_stats}
+tool_handlers = {
+    "recall": _handler(service.recall),
+    "context": _handler(tools.context),
+    "search_traces": _handler(tools.search_traces),
+    "reconstruct_history": _handler(tools.reconstruct_history),
+    "graph_explore": _handler(tools.graph_explore),
+    "fragment_history": _handler(tools.fragment_history),
+    "memory_stats": _handler(tools.memory_stats),
+    "tool_feedback": _handler(tools.tool_feedback),
+}

@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
 from fastapi import FastAPI
+from redis.asyncio import Redis
 
 from services.common.internal import install_internal_api
 from services.recall.api import router, tool_handlers
-from services.recall.service import ReadResources
+from services.recall.effects import SideEffects
+from services.recall.service import ReadResources, ReadSettings
 from shared.db import create_pool
+from shared.domain.keywords import korean_morphemes
 from shared.domain.tokens import TokenCounter
 from shared.embeddings import load_embedder, model_dir
-from shared.settings import RecallSettings
 from shared.telemetry import configure_logging, configure_tracing
 
 
-def create_app(settings: RecallSettings | None = None) -> FastAPI:
-    settings = settings or RecallSettings()
+def create_app(settings: ReadSettings | None = None) -> FastAPI:
+    settings = settings or ReadSettings()
     configure_logging(settings.log_level)
     configure_tracing(settings.otel_service_name or "engram-recall", console=settings.otel_console)
 
@@ -34,16 +38,31 @@ def create_app(settings: RecallSettings | None = None) -> FastAPI:
             session_sql=f"SET hnsw.iterative_scan = relaxed_order; SET hnsw.ef_search = {int(settings.hnsw_ef_search)}",
         )
         embedder = await anyio.to_thread.run_sync(load_embedder)
+        # Load the Korean analyser now rather than on the first Korean query (~2 s).
+        await anyio.to_thread.run_sync(korean_morphemes, "한국어")
         tokens = TokenCounter(model_dir() / "tokenizer.json")
+        redis = (
+            Redis.from_url(settings.redis_url, socket_connect_timeout=2, socket_timeout=5)
+            if settings.redis_active else None
+        )
+        effects = SideEffects(pool, redis, replica=f"recall-{settings.port}")
         app.state.settings = settings
-        app.state.resources = ReadResources(pool=pool, embedder=embedder, tokens=tokens)
+        app.state.resources = ReadResources(
+            pool=pool, embedder=embedder, tokens=tokens, settings=settings, effects=effects, redis=redis
+        )
+        drainer = asyncio.create_task(effects.run())
         try:
             yield
         finally:
+            await effects.stop()
+            drainer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await drainer
+            if redis is not None:
+                await redis.aclose()
             await pool.close()
 
     app = FastAPI(title="engram-recall", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.include_router(router)
     install_internal_api(app, "recall", tool_handlers, lambda: settings.service_token)
     return app
-

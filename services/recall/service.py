@@ -1,34 +1,54 @@
-"""The read path: layered candidates, fusion, token-budget packing."""
+"""The read path: L1 cache, layered search, fusion, token-budget packing, _meta."""
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
-from zoneinfo import ZoneInfo
 
 import anyio
 import asyncpg
 import numpy as np
+from pydantic import Field
+from redis.exceptions import RedisError
 
 from services.common.internal import ToolContext, parse_arguments
-from services.recall.fusion import fuse_ranked_lists
+from services.recall import meta as meta_mod
+from services.recall import render
+from services.recall.effects import SideEffects
+from services.recall.search import LAYER_DEPTH, SearchRequest, layered_search
+from services.recall.timeparse import parse_bound
 from shared.contract.read import RecallArgs
 from shared.domain.errors import InvalidParams
-from shared.domain.keywords import extract_keywords
-from shared.domain.search import DEPTH_TYPES, FragmentFilter
+from shared.domain.search import DEPTH_TYPES, FragmentFilter, RankedHit
 from shared.domain.tokens import TokenCounter
 from shared.embeddings import Embedder
+from shared.recall_cache import current_generation
 from shared.repositories import events as events_repo
 from shared.repositories import fragments as fragments_repo
+from shared.repositories import recall_views
+from shared.repositories import retrieval
+from shared.settings import RecallSettings
 
-# Candidates each layer contributes before fusion; pageSize is at most 50.
-LAYER_DEPTH = 60
-KST = ZoneInfo("Asia/Seoul")
-_WEEKDAYS_KO = "월화수목금토일"
+logger = logging.getLogger(__name__)
+
+# How long a scope's fragment count (BM25's N, the noisy-scope rule) is reused.
+SCOPE_TOTAL_TTL_S = 30.0
+SEEN_KEY = "engram:context:seen:{session}"
+# Spreading activation: fragments nearest the conversation context join the pool and get
+# this much activation.
+SPREAD_TOP = 10
+SPREAD_ACTIVATION = 0.05
+
+
+class ReadSettings(RecallSettings):
+    symbolic_explain: bool = Field(False, alias="MEMENTO_SYMBOLIC_EXPLAIN")
+    spreading_activation: bool = Field(False, alias="ENABLE_SPREADING_ACTIVATION")
 
 
 @dataclass
@@ -36,30 +56,25 @@ class ReadResources:
     pool: asyncpg.Pool
     embedder: Embedder
     tokens: TokenCounter
+    settings: ReadSettings
+    effects: SideEffects
+    redis: Any | None = None
+    _totals: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     async def embed_query(self, text: str) -> np.ndarray:
         return (await anyio.to_thread.run_sync(self.embedder.embed, [text]))[0]
 
-
-def server_time(now: datetime | None = None) -> dict[str, Any]:
-    now = now or datetime.now(timezone.utc)
-    kst = now.astimezone(KST)
-    return {
-        "iso": now.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-        "epoch_ms": int(now.timestamp() * 1000),
-        "display_kst": f"{kst.year}년 {kst.month}월 {kst.day}일 ({_WEEKDAYS_KO[kst.weekday()]}) {kst:%H:%M}",
-        "timezone": "Asia/Seoul",
-    }
-
-
-def _parse_time(name: str, value: str | None) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        raise InvalidParams(f"Invalid params: {name}: not an ISO 8601 date-time: {value!r}") from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+    async def scope_total(self, conn: asyncpg.Connection, ctx: ToolContext, flt: FragmentFilter) -> int:
+        key = json.dumps([ctx.principal.key_id, ctx.principal.visible_key_ids, flt.__dict__], default=str, sort_keys=True)
+        now = time.monotonic()
+        cached = self._totals.get(key)
+        if cached and now - cached[0] < SCOPE_TOTAL_TTL_S:
+            return cached[1]
+        total = await retrieval.count_in_scope(conn, ctx.principal, flt)
+        if len(self._totals) > 10_000:
+            self._totals.clear()
+        self._totals[key] = (now, total)
+        return total
 
 
 def build_filter(args: RecallArgs, ctx: ToolContext) -> FragmentFilter:
@@ -68,6 +83,11 @@ def build_filter(args: RecallArgs, ctx: ToolContext) -> FragmentFilter:
         depth_types = DEPTH_TYPES[args.depth]
         types = tuple(t for t in (types or depth_types) if t in depth_types)  # type: ignore[union-attr]
     affects = (args.affect,) if isinstance(args.affect, str) else (tuple(args.affect) if args.affect else None)
+    as_of = parse_bound("asOf", args.asOf, end=True) if args.asOf else None
+    time_from = parse_bound("timeRange.from", args.timeRange.from_, end=False) if args.timeRange else None
+    time_to = parse_bound("timeRange.to", args.timeRange.to, end=True) if args.timeRange else None
+    if time_from and time_to and time_from > time_to:
+        raise InvalidParams("Invalid params: timeRange: from is after to")
     return FragmentFilter(
         workspace=args.workspace if args.workspace is not None else ctx.principal.default_workspace,
         topic=args.topic,
@@ -80,9 +100,9 @@ def build_filter(args: RecallArgs, ctx: ToolContext) -> FragmentFilter:
         case_id=args.caseId,
         resolution_status=args.resolutionStatus,
         phase=args.phase,
-        time_from=_parse_time("timeRange.from", args.timeRange.from_ if args.timeRange else None),
-        time_to=_parse_time("timeRange.to", args.timeRange.to if args.timeRange else None),
-        as_of=_parse_time("asOf", args.asOf),
+        time_from=time_from,
+        time_to=time_to,
+        as_of=as_of,
         caller_session=ctx.session_id,
     )
 
@@ -91,134 +111,232 @@ def _decode_cursor(cursor: str | None) -> int:
     if not cursor:
         return 0
     try:
-        return int(json.loads(base64.urlsafe_b64decode(cursor.encode()).decode())["offset"])
+        offset = int(json.loads(base64.urlsafe_b64decode(cursor.encode()).decode())["offset"])
     except (ValueError, KeyError, TypeError):
         raise InvalidParams("Invalid params: cursor: not a cursor this server issued") from None
+    if offset < 0:
+        raise InvalidParams("Invalid params: cursor: not a cursor this server issued")
+    return offset
 
 
 def _encode_cursor(offset: int) -> str:
     return base64.urlsafe_b64encode(json.dumps({"offset": offset}).encode()).decode()
 
 
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat().replace("+00:00", "Z") if value else None
+def _query_type(args: RecallArgs) -> str:
+    if args.text and args.keywords:
+        return "mixed"
+    if args.text:
+        return "text"
+    if args.keywords:
+        return "keywords"
+    return "filter"
 
 
-def render_fragment(row: asyncpg.Record, *, score: float, args: RecallArgs, layers: set[str]) -> dict[str, Any]:
-    full: dict[str, Any] = {
-        "id": row["id"],
-        "content": row["content"],
-        "type": row["type"],
-        "topic": row["topic"],
-        "importance": round(float(row["importance"]), 4),
-        "created_at": _iso(row["created_at"]),
-        "access_count": row["access_count"],
-        "confidence": round(score, 6),
-        "workspace": row["workspace"],
-        "context_summary": row["context_summary"],
-        "case_id": row["case_id"],
-        "valid_to": _iso(row["valid_to"]),
-        "affect": row["affect"],
-        "ema_activation": round(float(row["ema_activation"]), 4),
-        "key_id": row["key_id"],
-        "agent_id": row["agent_id"],
-        "keywords": list(row["keywords"]),
-    }
-    if args.fields:
-        wanted = set(args.fields)
-        return {k: v for k, v in full.items() if k in wanted}
-    if not args.includeKeywords:
-        full.pop("keywords")
-    return full
+async def _seen(res: ReadResources, ctx: ToolContext) -> tuple[str, ...]:
+    if res.redis is None or not ctx.session_id:
+        return ()
+    try:
+        members = await res.redis.smembers(SEEN_KEY.format(session=ctx.session_id))
+    except RedisError:
+        return ()
+    return tuple(sorted(m.decode() if isinstance(m, bytes) else m for m in members))
+
+
+def _cache_key(generation: str, ctx: ToolContext, args: RecallArgs, flt: FragmentFilter, explain: bool) -> str:
+    body = json.dumps(
+        [ctx.principal.key_id, ctx.principal.visible_key_ids, args.model_dump(by_alias=True), flt.__dict__, explain],
+        default=str, sort_keys=True,
+    )
+    return f"engram:recall:l1:{generation}:{hashlib.sha256(body.encode()).hexdigest()}"
+
+
+async def _cache_get(res: ReadResources, conn: asyncpg.Connection, key: str) -> dict[str, Any] | None:
+    try:
+        raw = await res.redis.get(key)
+    except RedisError:
+        return None
+    if raw is None:
+        return None
+    cached = json.loads(raw)
+    # Belt and braces beside the generation counters: a fragment deleted, amended or
+    # superseded since the entry was written is never served from it.
+    if not await recall_views.still_fresh(conn, cached["ids"], datetime.fromisoformat(cached["cached_at"])):
+        return None
+    return cached
+
+
+async def _cache_put(res: ReadResources, key: str, body: dict[str, Any]) -> None:
+    try:
+        await res.redis.set(key, json.dumps(body, default=str), ex=int(res.settings.l1_cache_ttl.total_seconds()))
+    except RedisError:
+        logger.warning("L1 cache write failed")
+
+
+def _ids_in(fragments: list[dict[str, Any]]) -> list[str]:
+    ids = []
+    for f in fragments:
+        if "id" in f:
+            ids.append(f["id"])
+        for key in ("linked", "nearby_context"):
+            ids.extend(x["id"] for x in f.get(key, []))
+        stitched = f.get("stitched_context")
+        if stitched:
+            ids.extend(x["id"] for side in ("pre", "post", "causal") for x in stitched[side])
+    return ids
 
 
 async def recall(res: ReadResources, ctx: ToolContext, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     started = time.perf_counter()
-    args = parse_arguments(RecallArgs, arguments)
-    if not args.text and not args.keywords and not args.topic and not args.caseId:
-        raise InvalidParams("Invalid params: one of text, keywords, topic or caseId is required")
+    args: RecallArgs = parse_arguments(RecallArgs, arguments)
+    if not (args.text or args.keywords or args.topic or args.caseId or args.contextText):
+        raise InvalidParams("Invalid params: text: one of text, keywords, topic, caseId or contextText is required")
     flt = build_filter(args, ctx)
     offset = _decode_cursor(args.cursor)
-    lexical_terms = [*(args.keywords or []), *extract_keywords(args.text or "", 16)]
-    semantic_text = args.text or " ".join([*(args.keywords or []), args.contextText or ""]).strip()
+    explain = res.settings.symbolic_explain
+    if args.excludeSeen:
+        flt.exclude_ids = await _seen(res, ctx)
 
-    vector = await res.embed_query(semantic_text) if semantic_text else None
-    path: list[str] = []
     async with res.pool.acquire() as conn:
-        layers: dict[str, list[tuple[str, float]]] = {}
-        if lexical_terms:
-            layers["L2"] = await fragments_repo.lexical_candidates(
-                conn, ctx.principal, flt, lexical_terms, args.keywords or [], LAYER_DEPTH
-            )
-            path.append(f"L2:{len(layers['L2'])}")
-        if vector is not None:
-            semantic = await fragments_repo.vector_candidates(conn, ctx.principal, flt, vector, LAYER_DEPTH)
-            if args.threshold is not None:
-                semantic = [(fid, sim) for fid, sim in semantic if sim >= args.threshold]
-            layers["L3"] = semantic
-            path.append(f"{'L3' if args.text else 'L3kw'}:{len(semantic)}")
-        if not layers and (args.topic or args.caseId):
-            layers["filter"] = await fragments_repo.filtered_recent(conn, ctx.principal, flt, LAYER_DEPTH)
-            path.append(f"filter:{len(layers['filter'])}")
+        cache_key = None
+        body = None
+        if res.redis is not None:
+            try:
+                cache_key = _cache_key(await current_generation(res.redis, ctx.principal), ctx, args, flt, explain)
+            except RedisError:
+                cache_key = None
+            if cache_key:
+                body = await _cache_get(res, conn, cache_key)
+        activate: dict[str, float] = {}
+        if body is None:
+            body = await _search(res, conn, ctx, args, flt, offset, explain, activate)
+            if cache_key:
+                await _cache_put(res, cache_key, body)
+        else:
+            body["searchPath"] = "L1 → " + body["searchPath"] if body["searchPath"] else "L1"
 
-        fused = fuse_ranked_lists(layers)
-        window = fused[offset : offset + args.pageSize]
-        rows = await fragments_repo.fetch_by_ids(conn, ctx.principal, [h.id for h in window])
-        fragments, used_tokens = _pack(res.tokens, window, rows, args)
-        has_more = offset + len(fragments) < len(fused)
-        event_id = await events_repo.record_search(
-            conn,
-            key_id=ctx.principal.key_id,
-            session_id=ctx.session_id,
-            query_type="mixed" if args.text and args.keywords else ("text" if args.text else "keywords"),
-            query_text=args.text,
-            keywords=args.keywords,
-            filters={k: v for k, v in arguments.items() if k not in ("text", "keywords")},
-            result_ids=[f["id"] for f in fragments if "id" in f] or [h.id for h in window[: len(fragments)]],
-            search_path=" → ".join(path),
-            latency_ms=(time.perf_counter() - started) * 1000,
+        fragments = body["fragments"]
+        returned = [f["id"] for f in fragments if "id" in f]
+        event_id = await events_repo.next_search_event_id(conn)
+        scope_total = await res.scope_total(conn, ctx, FragmentFilter(caller_session=ctx.session_id))
+        hint_rows = await fragments_repo.fetch_by_ids(conn, ctx.principal, returned) if returned else {}
+        hints = await meta_mod.hints(conn, ctx.principal, topic=args.topic, fragments=fragments, ids=returned, rows=hint_rows)
+        query_type = _query_type(args)
+        suggestion = await meta_mod.suggestion(
+            conn, res.redis, ctx.principal, keywords=args.keywords, query_type=query_type, result_count=len(fragments),
+            context_text=args.contextText, type_filtered=bool(args.type), scope_total=scope_total,
+            top_case=next((r["case_id"] for r in hint_rows.values() if r["case_id"]), None),
         )
-    hints = []
-    if not fragments:
-        hints.append({
-            "signal": "no_results",
-            "suggestion": "이 주제에 대한 기억이 없습니다. 중요한 내용이라면 remember로 저장하세요.",
-            "trigger": "remember",
-        })
-    meta: dict[str, Any] = {"searchEventId": event_id, "hints": hints, "serverTime": server_time()}
-    if not fragments and not args.contextText:
-        meta["suggestion"] = {"code": "empty_result_no_context", "recommendedTool": "recall"}
-    return {
+
+    latency_ms = (time.perf_counter() - started) * 1000
+    await res.effects.submit({
+        "event": events_repo.search_event_row(
+            event_id=event_id, key_id=ctx.principal.key_id, session_id=ctx.session_id, query_type=query_type,
+            query_text=args.text, keywords=sorted(k.lower() for k in args.keywords) if args.keywords else None,
+            filters={k: v for k, v in arguments.items() if k not in ("text", "keywords")},
+            result_ids=returned, search_path=body["searchPath"], latency_ms=latency_ms,
+        ) | {"at": datetime.now(timezone.utc).isoformat()},
+        "accessed": returned,
+        "activate": activate,
+    })
+    meta: dict[str, Any] = {"searchEventId": event_id, "hints": hints, "serverTime": meta_mod.server_time()}
+    if suggestion:
+        meta["suggestion"] = suggestion
+    result = {k: v for k, v in body.items() if k not in ("ids", "cached_at")}
+    result["_meta"] = meta
+    return result, False
+
+
+async def _search(
+    res: ReadResources, conn: asyncpg.Connection, ctx: ToolContext, args: RecallArgs, flt: FragmentFilter,
+    offset: int, explain: bool, activate: dict[str, float],
+) -> dict[str, Any]:
+    cached_at = datetime.now(timezone.utc)
+    keywords = list(args.keywords or [])
+    semantic_text = args.text or " ".join([*keywords, args.contextText or ""]).strip()
+    vector = await res.embed_query(semantic_text) if semantic_text else None
+    filter_only = not args.text and not keywords and not args.contextText
+    scope_total = None if filter_only else await res.scope_total(conn, ctx, flt)
+    outcome = await layered_search(
+        conn, ctx.principal, flt,
+        SearchRequest(text=args.text, keywords=keywords, vector=vector, semantic_label="L3" if args.text else "L3kw",
+                      threshold=args.threshold, filter_only=filter_only),
+        scope_total,
+    )
+    hits = outcome.hits
+    if args.contextText and res.settings.spreading_activation:
+        hits = await _spread(res, conn, ctx, flt, args.contextText, hits, activate, outcome.path)
+
+    cases: list[dict[str, Any]] | None = None
+    if args.caseMode:
+        cases = await _cases(conn, ctx, hits, args.maxCases)
+
+    window = hits[offset : offset + args.pageSize]
+    rows = await fragments_repo.fetch_by_ids(conn, ctx.principal, [h.id for h in window])
+    full = await render.decorate(conn, ctx.principal, args, window, rows, explain=explain, time_filtered=args.timeRange is not None)
+    rendered = [render.select_fields(f, args) for f in full]
+    if args.includeContext:
+        await render.stitch(conn, ctx.principal, rendered, res.tokens, args.tokenBudget)
+    fragments, used = render.pack(res.tokens, rendered, args.tokenBudget)
+    has_more = offset + len(fragments) < len(hits)
+    body: dict[str, Any] = {
         "fragments": fragments,
         "count": len(fragments),
-        "totalTokens": used_tokens,
-        "searchPath": " → ".join(path),
+        "totalTokens": used,
+        "searchPath": " → ".join(outcome.path),
         "hasMore": has_more,
         "nextCursor": _encode_cursor(offset + len(fragments)) if has_more else None,
-        "_meta": meta,
-    }, False
+    }
+    if cases is not None:
+        body.update({"caseMode": True, "cases": cases, "caseCount": len(cases)})
+    body["ids"] = list(dict.fromkeys(_ids_in(fragments) + [f["id"] for f in full]))
+    body["cached_at"] = cached_at.isoformat()
+    return body
 
 
-def _pack(tokens: TokenCounter, window: list[Any], rows: dict[str, asyncpg.Record], args: RecallArgs) -> tuple[list[dict[str, Any]], int]:
-    """Fill the token budget best-first; what does not fit is left for the next page."""
-    packed: list[dict[str, Any]] = []
-    used = 0
-    for hit in window:
-        row = rows.get(hit.id)
-        if row is None:
-            continue
-        rendered = render_fragment(row, score=hit.score, args=args, layers=hit.layers)
-        cost = tokens.count_json(rendered)
-        if used + cost > args.tokenBudget:
-            if packed:
-                break
-            # The best hit alone is over budget: cut its content rather than return nothing.
-            if "content" in rendered:
-                overflow = cost - args.tokenBudget
-                keep = max(len(rendered["content"]) - overflow * 4, 20)
-                rendered["content"] = rendered["content"][:keep] + "…"
-                rendered["truncated"] = True
-                cost = tokens.count_json(rendered)
-        packed.append(rendered)
-        used += cost
-    return packed, used
+async def _spread(
+    res: ReadResources, conn: asyncpg.Connection, ctx: ToolContext, flt: FragmentFilter, context_text: str,
+    hits: list[RankedHit], activate: dict[str, float], path: list[str],
+) -> list[RankedHit]:
+    """Spreading activation: fragments nearest the conversation context are activated and
+    join the ranking just below the query's own hits."""
+    vector = await res.embed_query(context_text)
+    near = await fragments_repo.vector_candidates(conn, ctx.principal, flt, vector, SPREAD_TOP)
+    path.append(f"SA:{len(near)}")
+    floor = min((h.score for h in hits), default=1.0)
+    by_id = {h.id: h for h in hits}
+    for rank, (fid, sim) in enumerate(near):
+        activate[fid] = SPREAD_ACTIVATION
+        if fid in by_id:
+            by_id[fid].layers.add("SA")
+            by_id[fid].score += 0.05 * sim
+        else:
+            by_id[fid] = RankedHit(fid, floor * 0.5 * sim / (rank + 1), {"SA"})
+    return sorted(by_id.values(), key=lambda h: h.score, reverse=True)
+
+
+async def _cases(conn: asyncpg.Connection, ctx: ToolContext, hits: list[RankedHit], max_cases: int) -> list[dict[str, Any]]:
+    """caseMode: group the ranked fragments by case_id, best cases first (goal, events, outcome)."""
+    pool = hits[:LAYER_DEPTH * 2]
+    rows = await fragments_repo.fetch_by_ids(conn, ctx.principal, [h.id for h in pool])
+    grouped: dict[str, list[RankedHit]] = {}
+    for h in pool:
+        row = rows.get(h.id)
+        if row is not None and row["case_id"]:
+            grouped.setdefault(row["case_id"], []).append(h)
+    ranked = sorted(grouped.items(), key=lambda kv: sum(h.score for h in kv[1]), reverse=True)[:max_cases]
+    summaries = await recall_views.case_summaries(conn, ctx.principal, [cid for cid, _ in ranked])
+    cases = []
+    for case_id, members in ranked:
+        summary = summaries.get(case_id, {})
+        cases.append({
+            "case_id": case_id,
+            "goal": summary.get("goal"),
+            "outcome": summary.get("outcome"),
+            "resolution_status": summary.get("resolution_status"),
+            "events": summary.get("events", []),
+            "fragment_count": summary.get("fragment_count", len(members)),
+            "relevance_score": len(members),
+            "fragment_ids": [h.id for h in members],
+        })
+    return cases

@@ -64,6 +64,83 @@ class MemoryStatsArgs(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+FragmentType = Literal["fact", "decision", "error", "preference", "procedure", "relation", "episode"]
+
+
+class ContextArgs(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    tokenBudget: int = Field(2000, ge=1, le=100_000)
+    types: list[FragmentType] | None = None
+    sessionId: str | None = None
+    agentId: str | None = None
+    workspace: str | None = None
+    structured: bool = False
+    includeKeyName: bool = False
+
+
+class SearchTracesArgs(BaseModel):
+    """Each filter in both spellings (seed): snake_case and its camelCase alias."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    event_type: FragmentType | None = None
+    eventType: FragmentType | None = None
+    entity_key: str | None = None
+    entityKey: str | None = None
+    keyword: str | None = None
+    case_id: str | None = None
+    caseId: str | None = None
+    session_id: str | None = None
+    sessionId: str | None = None
+    time_range: TimeRange | None = None
+    limit: int = Field(20, ge=1, le=100)
+    workspace: str | None = None
+
+
+class ReconstructHistoryArgs(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    caseId: str | None = None
+    entity: str | None = None
+    timeRange: TimeRange | None = None
+    query: str | None = None
+    limit: int = Field(100, ge=1, le=500)
+    workspace: str | None = None
+
+
+class GraphExploreArgs(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    startId: str = Field(min_length=1)
+    agentId: str | None = None
+
+
+class FragmentHistoryArgs(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    id: str = Field(min_length=1)
+    agentId: str | None = None
+    includePeerAgents: bool = False
+
+
+class ToolFeedbackArgs(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    tool_name: str = Field(min_length=1, max_length=100)
+    relevant: bool
+    sufficient: bool
+    # seed: suggestion "100자 이내", context "50자 이내" — longer text is cut, not refused.
+    suggestion: str | None = None
+    context: str | None = None
+    session_id: str | None = None
+    trigger_type: Literal["sampled", "voluntary"] = "voluntary"
+    # Values outside the enum are discarded to NULL (seed), so this is a plain string here.
+    irrelevance_reason: str | None = None
+    search_event_id: int | None = Field(None, ge=1)
+    fragment_ids: list[str] | None = Field(None, max_length=100)
+
+
 READ_TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "recall",
@@ -72,8 +149,42 @@ READ_TOOLS: tuple[ToolSpec, ...] = (
         RecallArgs, "recall", ("search", "pagination", "caseMode"), "read", True,
     ),
     ToolSpec(
+        "context",
+        "Load core memory (preference, error, procedure by default), the session's working memory "
+        "and its reflections within tokenBudget (default 2000); structured=true returns a tree.",
+        ContextArgs, "recall", ("context", "workingMemory", "structured"), "read", True,
+    ),
+    ToolSpec(
+        "search_traces",
+        "Exact-match search over fragments (type, topic ILIKE, content keyword, case, session, "
+        "time range), newest first, like grep over the history.",
+        SearchTracesArgs, "recall", ("search", "traces"), "read", True,
+    ),
+    ToolSpec(
+        "reconstruct_history",
+        "Rebuild a case's (or an entity's) history in time order with causal chains and "
+        "unresolved branches.",
+        ReconstructHistoryArgs, "recall", ("history", "caseMode", "causal"), "read", True,
+    ),
+    ToolSpec(
+        "graph_explore",
+        "Root-cause analysis from an error fragment: its caused_by and resolved_by links, one hop.",
+        GraphExploreArgs, "recall", ("graph", "rca"), "read", True,
+    ),
+    ToolSpec(
+        "fragment_history",
+        "A fragment's amended versions and its superseded_by chain.",
+        FragmentHistoryArgs, "recall", ("history", "versions"), "read", True,
+    ),
+    ToolSpec(
         "memory_stats",
-        "Statistics of the caller's memory: counts, TTL distribution, types.",
-        MemoryStatsArgs, "recall", ("stats",), "read", True,
+        "Statistics of the caller's memory: counts, TTL distribution, types, retrieval "
+        "evaluation and workspace fill.",
+        MemoryStatsArgs, "recall", ("stats", "evaluation"), "read", True,
+    ),
+    ToolSpec(
+        "tool_feedback",
+        "Rate a tool's result (relevant, sufficient); fragment_ids adjusts those fragments' activation.",
+        ToolFeedbackArgs, "recall", ("feedback",), "read", False,
     ),
 )

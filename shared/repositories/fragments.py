@@ -9,6 +9,7 @@ import asyncpg
 import numpy as np
 
 from shared.domain.fragment import NewFragment
+from shared.domain.keywords import korean_morphemes
 from shared.domain.principal import Principal, SqlParams, read_scope, workspace_scope, write_scope
 from shared.domain.search import FragmentFilter
 
@@ -18,7 +19,7 @@ FRAGMENT_COLUMNS = """
     f.valid_from, f.valid_to, f.superseded_by, f.ttl_tier, f.ema_activation, f.access_count,
     f.last_accessed_at, f.key_id, f.workspace, f.workspace_source, f.agent_id, f.session_id,
     f.case_id, f.goal, f.outcome, f.phase, f.resolution_status, f.assertion_status, f.affect,
-    f.context_summary, f.created_at, f.updated_at
+    f.context_summary, f.created_at, f.updated_at, f.seq
 """
 
 _INSERT = """
@@ -32,6 +33,7 @@ INSERT INTO fragments (
     $20, $21, $22, $23, $24, $25, coalesce($26, now()),
     setweight(to_tsvector('english', $2), 'B')
     || setweight(to_tsvector('simple', $3 || ' ' || array_to_string($5::text[], ' ')), 'A')
+    || setweight(to_tsvector('simple', $27), 'B')
 )
 """
 
@@ -41,8 +43,16 @@ def _insert_args(f: NewFragment) -> tuple[Any, ...]:
         f.id, f.content, f.topic, f.type, f.keywords, f.importance, f.source, f.scope, f.is_anchor,
         f.ttl_tier, f.key_id, f.workspace, f.workspace_source, f.agent_id, f.session_id, f.case_id,
         f.goal, f.outcome, f.phase, f.resolution_status, f.assertion_status, f.affect,
-        f.context_summary, f.content_hash, f.embedding, f.valid_from,
+        f.context_summary, f.content_hash, f.embedding, f.valid_from, content_morphemes(f.content),
     )
+
+
+def content_morphemes(content: str) -> str:
+    """Korean content words for the full-text vector: the english parser keeps "서버가" whole,
+    so the morphemes ("서버") are indexed beside it. Empty for text without Hangul."""
+    if not _HANGUL.search(content):
+        return ""
+    return " ".join(korean_morphemes(content) or [])
 
 
 async def insert_many(conn: asyncpg.Connection, fragments: list[NewFragment]) -> None:
@@ -90,6 +100,7 @@ def filter_clauses(principal: Principal, flt: FragmentFilter, params: SqlParams,
     return clauses
 
 
+_HANGUL = re.compile(r"[\uac00-\ud7a3]")
 _TSQUERY_TERM = re.compile(r"[0-9a-z\u00c0-\u024f\uac00-\ud7a3]+")
 
 

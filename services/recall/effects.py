@@ -1,0 +1,115 @@
+"""Recall's side effects (search events, access counts, last access, activation), written
+after the response and never lost.
+
+With Redis each effect is one LPUSH onto a shared list; a drainer in every replica moves
+batches to its own processing list (BLMOVE, the reliable-queue pattern), applies them in one
+transaction, then drops them. A replica that died mid-batch finds its processing list on the
+next start and replays it (event rows are upserts by id). Without Redis the effect is applied
+by a task on this process right after the response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+from typing import Any
+
+import asyncpg
+from redis.exceptions import RedisError
+
+from shared.repositories import events as events_repo
+
+logger = logging.getLogger(__name__)
+
+QUEUE = "engram:recall:effects"
+# Up to this many effects per transaction; a burst of 200 recalls drains in a few batches.
+BATCH = 200
+
+
+class SideEffects:
+    def __init__(self, pool: asyncpg.Pool, redis: Any | None, replica: str) -> None:
+        self._pool = pool
+        self._redis = redis
+        self._processing = f"{QUEUE}:processing:{replica or socket.gethostname()}"
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = asyncio.Event()
+        # The loop and an explicit flush share one processing list: one batch at a time.
+        self._lock = asyncio.Lock()
+
+    async def submit(self, effect: dict[str, Any]) -> None:
+        if self._redis is not None:
+            try:
+                await self._redis.lpush(QUEUE, json.dumps(effect, default=str))
+                return
+            except RedisError:
+                logger.warning("effects queue unavailable; applying in process")
+        task = asyncio.create_task(self._apply([effect]))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _apply(self, effects: list[dict[str, Any]]) -> None:
+        async with self._pool.acquire() as conn:
+            async with conn.transaction():
+                await events_repo.apply_recall_effects(conn, effects)
+
+    async def drain_once(self, wait: float = 1.0) -> int:
+        """Move one batch to this replica's processing list, apply it, drop it."""
+        assert self._redis is not None
+        async with self._lock:
+            return await self._drain_locked(wait)
+
+    async def _drain_locked(self, wait: float) -> int:
+        first = await self._redis.blmove(QUEUE, self._processing, wait, "RIGHT", "LEFT")
+        if first is None:
+            return 0
+        pipe = self._redis.pipeline(transaction=False)
+        for _ in range(BATCH - 1):
+            pipe.lmove(QUEUE, self._processing, "RIGHT", "LEFT")
+        moved = [m for m in await pipe.execute() if m is not None]
+        return await self._flush_processing(1 + len(moved))
+
+    async def _flush_processing(self, expected: int | None = None) -> int:
+        raw = await self._redis.lrange(self._processing, 0, -1)
+        if not raw:
+            return 0
+        effects = []
+        for item in raw:
+            try:
+                effects.append(json.loads(item))
+            except ValueError:
+                logger.warning("dropping an unreadable recall effect")
+        if effects:
+            await self._apply(effects)
+        await self._redis.ltrim(self._processing, len(raw), -1)
+        return len(raw)
+
+    async def flush(self) -> None:
+        """Apply everything queued now (tool_feedback and tests call this; also on shutdown)."""
+        if self._redis is None:
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            return
+        while await self.drain_once(wait=0.01):
+            pass
+
+    async def run(self) -> None:
+        """The drainer loop of this replica; replays its own unfinished batch first."""
+        if self._redis is None:
+            return
+        while not self._stopping.is_set():
+            try:
+                async with self._lock:
+                    await self._flush_processing()
+                while not self._stopping.is_set():
+                    if not await self.drain_once(wait=0.25):
+                        continue
+            except (RedisError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                logger.exception("recall effects drainer failed; retrying")
+                await asyncio.sleep(1.0)
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
