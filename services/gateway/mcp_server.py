@@ -256,7 +256,12 @@ def build_mcp_server(gw: GatewayContext, version: str) -> Server[Any]:
         )
 
     async def read_resource(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
-        uri = str(params.uri)
+        try:
+            return await read_resource_body(ctx, str(params.uri))
+        except EngramError as exc:
+            raise MCPError(code=exc.code, message=exc.message, data=exc.data) from None
+
+    async def read_resource_body(ctx: Any, uri: str) -> types.ReadResourceResult:
         principal = _principal(ctx)
         if uri == "memory://stats":
             check_permission(principal, "memory_stats", "read")
