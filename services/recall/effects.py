@@ -81,7 +81,11 @@ class SideEffects:
             except ValueError:
                 logger.warning("dropping an unreadable recall effect")
         if effects:
-            await self._apply(effects)
+            try:
+                await self._apply(effects)
+            except asyncpg.DataError:
+                # A malformed batch would block the queue forever: log it and move on.
+                logger.exception("dropping %d recall effects that cannot be applied", len(effects))
         await self._redis.ltrim(self._processing, len(raw), -1)
         return len(raw)
 

@@ -63,9 +63,10 @@ def explanations(layers: set[str], *, time_filtered: bool, case_mode: bool, has_
 
 
 async def hints(
-    conn: asyncpg.Connection, principal: Principal, *, topic: str | None, fragments: list[dict[str, Any]], ids: list[str],
-    rows: dict[str, asyncpg.Record],
+    conn: asyncpg.Connection, principal: Principal, *, topic: str | None, fragments: list[dict[str, Any]],
+    facts: dict[str, dict[str, Any]], contradictions: list[tuple[str, str]], errors: list[str],
 ) -> list[dict[str, Any]]:
+    """facts: id -> created_at / last_accessed_at (ISO) of the returned fragments."""
     out: list[dict[str, Any]] = []
     if not fragments:
         out.append({
@@ -84,7 +85,6 @@ async def hints(
                     "candidates": similar,
                 })
         return out
-    contradictions = await recall_views.pending_contradictions(conn, ids)
     if contradictions:
         out.append({
             "signal": "contradiction_pending",
@@ -93,17 +93,16 @@ async def hints(
             "pairs": [list(p) for p in contradictions[:5]],
         })
     now = datetime.now(timezone.utc)
-    if rows and all(
-        (now - r["created_at"]).days > STALE_DAYS
-        and (r["last_accessed_at"] is None or (now - r["last_accessed_at"]).days > STALE_DAYS)
-        for r in rows.values()
-    ):
+
+    def age(value: str | None) -> float:
+        return (now - datetime.fromisoformat(value)).days if value else float("inf")
+
+    if facts and all(age(f["created_at"]) > STALE_DAYS and age(f["last_accessed_at"]) > STALE_DAYS for f in facts.values()):
         out.append({
             "signal": "stale_results",
             "suggestion": f"반환된 파편이 모두 {STALE_DAYS}일 넘게 갱신·조회되지 않았습니다. 최신 정보인지 확인하고 필요하면 amend하세요.",
             "trigger": "amend",
         })
-    errors = await recall_views.unresolved_errors(conn, ids)
     if errors:
         out.append({
             "signal": "active_errors",

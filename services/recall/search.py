@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 import asyncpg
@@ -26,7 +27,7 @@ GRAPH_LIMIT = 30
 class SearchRequest:
     text: str | None
     keywords: list[str]
-    vector: np.ndarray | None
+    vector: Awaitable[np.ndarray] | None  # embedding runs while the lexical SQL does
     semantic_label: str  # "L3" for text, "L3kw" for the keywords fallback
     threshold: float | None
     filter_only: bool
@@ -37,17 +38,19 @@ class SearchOutcome:
     hits: list[RankedHit]
     path: list[str]
     via_graph: dict[str, tuple[str, str]] = field(default_factory=dict)  # id -> (seed, relation)
+    vector: np.ndarray | None = None
 
 
 def _lexical_extras(text: str | None, keywords: list[str]) -> list[str]:
     extras = [k.lower() for k in keywords]
-    if text:
-        extras.extend(korean_morphemes(text) or [] if any("\uac00" <= ch <= "\ud7a3" for ch in text) else [])
+    if text and any("\uac00" <= ch <= "\ud7a3" for ch in text):
+        # The english parser keeps "서버가" whole; the morphemes ("서버") match the index.
+        extras.extend(korean_morphemes(text) or [])
     return extras
 
 
 async def layered_search(
-    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, req: SearchRequest, scope_total: int | None
+    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, req: SearchRequest, scope_total: int
 ) -> SearchOutcome:
     path: list[str] = []
     if req.filter_only:
@@ -56,14 +59,15 @@ async def layered_search(
         return SearchOutcome(fuse_ranked_lists({"filter": ranked}), path)
 
     lexical_text = req.text or " ".join(req.keywords)
-    terms = await retrieval.query_terms(conn, lexical_text, _lexical_extras(req.text, req.keywords))
-    stats = await retrieval.term_stats(conn, principal, flt, terms, scope_total)
-    lexical, avgdl = await retrieval.bm25_candidates(conn, principal, flt, stats, LAYER_DEPTH)
+    lexical, stats, avgdl = await retrieval.lexical_search(
+        conn, principal, flt, lexical_text, _lexical_extras(req.text, req.keywords), scope_total, LAYER_DEPTH
+    )
     path.append(f"L2:{len(lexical)}")
 
     semantic: list[tuple[str, float]] = []
-    if req.vector is not None:
-        semantic = await fragments_repo.vector_candidates(conn, principal, flt, req.vector, LAYER_DEPTH)
+    vector = await req.vector if req.vector is not None else None
+    if vector is not None:
+        semantic = await fragments_repo.vector_candidates(conn, principal, flt, vector, LAYER_DEPTH)
         if req.threshold is not None:
             semantic = [(fid, sim) for fid, sim in semantic if sim >= req.threshold]
         path.append(f"{req.semantic_label}:{len(semantic)}")
@@ -84,7 +88,7 @@ async def layered_search(
 
     neighbours = await retrieval.turn_neighbours(conn, principal, flt, list(candidates))
     pool = set(candidates) | {n for around in neighbours.values() for n in around}
-    scored = await retrieval.score_ids(conn, principal, list(pool), stats, avgdl, req.vector)
+    scored = await retrieval.score_ids(conn, principal, list(pool), stats, avgdl, vector)
     if req.threshold is not None:
         # threshold bounds similarity: a hit only the vector layer proposed must clear it.
         for fid, layers in list(candidates.items()):
@@ -92,4 +96,4 @@ async def layered_search(
             if layers <= {"L3", "L2.5"} and (s is None or s.cosine is None or s.cosine < req.threshold):
                 candidates.pop(fid)
     hits = fuse_scores(FusionInput(candidates, scored, neighbours))
-    return SearchOutcome(hits, path, via_graph)
+    return SearchOutcome(hits, path, via_graph, vector)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -216,16 +217,19 @@ async def recall(res: ReadResources, ctx: ToolContext, arguments: dict[str, Any]
             body["searchPath"] = "L1 → " + body["searchPath"] if body["searchPath"] else "L1"
 
         fragments = body["fragments"]
-        returned = [f["id"] for f in fragments if "id" in f]
-        event_id = await events_repo.next_search_event_id(conn)
+        facts: dict[str, dict[str, Any]] = body["facts"]
+        returned = list(facts)
+        event_id, contradictions, errors = await recall_views.meta_facts(conn, returned)
         scope_total = await res.scope_total(conn, ctx, FragmentFilter(caller_session=ctx.session_id))
-        hint_rows = await fragments_repo.fetch_by_ids(conn, ctx.principal, returned) if returned else {}
-        hints = await meta_mod.hints(conn, ctx.principal, topic=args.topic, fragments=fragments, ids=returned, rows=hint_rows)
+        hints = await meta_mod.hints(
+            conn, ctx.principal, topic=args.topic, fragments=fragments, facts=facts,
+            contradictions=contradictions, errors=errors,
+        )
         query_type = _query_type(args)
         suggestion = await meta_mod.suggestion(
             conn, res.redis, ctx.principal, keywords=args.keywords, query_type=query_type, result_count=len(fragments),
             context_text=args.contextText, type_filtered=bool(args.type), scope_total=scope_total,
-            top_case=next((r["case_id"] for r in hint_rows.values() if r["case_id"]), None),
+            top_case=next((f["case_id"] for f in facts.values() if f["case_id"]), None),
         )
 
     latency_ms = (time.perf_counter() - started) * 1000
@@ -242,7 +246,7 @@ async def recall(res: ReadResources, ctx: ToolContext, arguments: dict[str, Any]
     meta: dict[str, Any] = {"searchEventId": event_id, "hints": hints, "serverTime": meta_mod.server_time()}
     if suggestion:
         meta["suggestion"] = suggestion
-    result = {k: v for k, v in body.items() if k not in ("ids", "cached_at")}
+    result = {k: v for k, v in body.items() if k not in ("ids", "cached_at", "facts")}
     result["_meta"] = meta
     return result, False
 
@@ -254,9 +258,9 @@ async def _search(
     cached_at = datetime.now(timezone.utc)
     keywords = list(args.keywords or [])
     semantic_text = args.text or " ".join([*keywords, args.contextText or ""]).strip()
-    vector = await res.embed_query(semantic_text) if semantic_text else None
+    vector = asyncio.ensure_future(res.embed_query(semantic_text)) if semantic_text else None
     filter_only = not args.text and not keywords and not args.contextText
-    scope_total = None if filter_only else await res.scope_total(conn, ctx, flt)
+    scope_total = 0 if filter_only else await res.scope_total(conn, ctx, flt)
     outcome = await layered_search(
         conn, ctx.principal, flt,
         SearchRequest(text=args.text, keywords=keywords, vector=vector, semantic_label="L3" if args.text else "L3kw",
@@ -290,6 +294,12 @@ async def _search(
     if cases is not None:
         body.update({"caseMode": True, "cases": cases, "caseCount": len(cases)})
     body["ids"] = list(dict.fromkeys(_ids_in(fragments) + [f["id"] for f in full]))
+    # The returned fragments by id (fields may have dropped "id" from the response itself).
+    body["facts"] = {
+        f["id"]: {"created_at": f["created_at"], "last_accessed_at": render.iso(rows[f["id"]]["last_accessed_at"]),
+                  "case_id": f["case_id"]}
+        for f in full[: len(fragments)]
+    }
     body["cached_at"] = cached_at.isoformat()
     return body
 

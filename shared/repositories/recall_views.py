@@ -186,3 +186,25 @@ async def still_fresh(conn: asyncpg.Connection, ids: list[str], cached_at: datet
         ids, cached_at,
     )
     return int(n) == len(set(ids))
+
+
+async def meta_facts(conn: asyncpg.Connection, ids: list[str]) -> tuple[int, list[tuple[str, str]], list[str]]:
+    """One round trip for _meta: a reserved search event id, the pending contradictions and
+    the open errors among the returned fragments."""
+    row = await conn.fetchrow(
+        """
+        SELECT nextval(pg_get_serial_sequence('search_events', 'id')) AS event_id,
+          (SELECT array_agg(ARRAY[l.from_id, l.to_id]) FROM fragment_links l
+             JOIN fragments a ON a.id = l.from_id JOIN fragments b ON b.id = l.to_id
+            WHERE l.relation_type = 'contradicts' AND (l.from_id = ANY($1::text[]) OR l.to_id = ANY($1::text[]))
+              AND a.valid_to IS NULL AND b.valid_to IS NULL) AS contradictions,
+          (SELECT array_agg(f.id) FROM fragments f
+            WHERE f.id = ANY($1::text[]) AND f.type = 'error' AND f.valid_to IS NULL
+              AND (f.resolution_status = 'open' OR (f.resolution_status IS NULL AND NOT EXISTS (
+                    SELECT 1 FROM fragment_links l WHERE l.relation_type = 'resolved_by'
+                      AND (l.from_id = f.id OR l.to_id = f.id))))) AS errors
+        """,
+        ids,
+    )
+    pairs = [(p[0], p[1]) for p in (row["contradictions"] or [])]
+    return int(row["event_id"]), pairs, list(row["errors"] or [])

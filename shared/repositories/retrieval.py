@@ -37,58 +37,54 @@ class TermStats:
         return list(self.idf)
 
 
-def _ts_literal(term: str) -> str:
-    return "'" + term.replace("\\", "").replace("'", "''") + "'"
-
-
-def tsquery_or(terms: list[str]) -> str:
-    return " | ".join(_ts_literal(t) for t in terms)
-
-
-async def query_terms(conn: asyncpg.Connection, text: str, extra: list[str]) -> list[str]:
-    """The lexemes Postgres indexes for the query text (english stemming) plus exact extras."""
-    rows = await conn.fetchval(
-        """
-        SELECT array(SELECT DISTINCT t FROM (
-            SELECT lexeme AS t FROM unnest(to_tsvector('english', $1))
-            UNION ALL SELECT lower(x) FROM unnest($2::text[]) AS x
-        ) q WHERE length(t) > 1)
-        """,
-        text, extra,
-    )
-    return list(rows or [])
-
-
-async def term_stats(
-    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, terms: list[str], total: int | None
-) -> TermStats:
-    """Document frequency of each term within the caller's filtered scope, then BM25 IDF."""
-    if not terms:
-        return TermStats({}, total or 0)
+async def lexical_search(
+    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, text: str, extra: list[str], total: int, limit: int
+) -> tuple[list[tuple[str, float]], TermStats, float]:
+    """L2 in one round trip: the query's lexemes (english stemming, as indexed, plus exact
+    extras), their document frequency in the caller's filtered scope, and the full-text
+    matches ranked by BM25. Returns (ranked, term stats, average doc length)."""
     params = SqlParams()
     where = " AND ".join(filter_clauses(principal, flt, params))
-    t = params.add(terms)
-    cap = params.add(DF_CAP)
+    txt, ext = params.add(text), params.add(extra)
+    n = params.add(max(total, 1))
     sql = f"""
-        SELECT q.term, (
-            SELECT count(*) FROM (
-                SELECT 1 FROM fragments f
-                WHERE f.search_tsv @@ to_tsquery('simple', quote_literal(q.term)) AND {where}
-                LIMIT {cap}
-            ) c
-        ) AS df
-        FROM unnest({t}::text[]) AS q(term)
+        WITH terms AS (
+            SELECT DISTINCT t AS term FROM (
+                SELECT lexeme AS t FROM unnest(to_tsvector('english', {txt}))
+                UNION ALL SELECT lower(x) FROM unnest({ext}::text[]) AS x
+            ) s WHERE length(t) > 1
+        ),
+        df AS (
+            SELECT terms.term, (
+                SELECT count(*) FROM (
+                    SELECT 1 FROM fragments f
+                    WHERE f.search_tsv @@ to_tsquery('simple', quote_literal(terms.term)) AND {where}
+                    LIMIT {params.add(DF_CAP)}
+                ) c
+            ) AS df FROM terms
+        ),
+        q AS (SELECT term, ln(1 + ({n}::float8 - df + 0.5) / (df + 0.5)) AS idf FROM df WHERE df > 0),
+        tq AS (SELECT to_tsquery('simple', string_agg(quote_literal(term), ' | ')) AS query FROM q),
+        m AS MATERIALIZED (
+            SELECT f.id, f.search_tsv FROM fragments f, tq
+            WHERE tq.query IS NOT NULL AND f.search_tsv @@ tq.query AND {where}
+            ORDER BY ts_rank(f.search_tsv, tq.query) DESC
+            LIMIT {params.add(PRE_RANK)}
+        ),
+        d AS (SELECT greatest(avg(length(m.search_tsv)), 1)::float8 AS avgdl FROM m),
+        ranked AS (
+            SELECT m.id, {_bm25_expr('m', 'q', '(SELECT avgdl FROM d)')} AS score FROM m
+            ORDER BY score DESC LIMIT {params.add(limit)}
+        )
+        SELECT (SELECT array_agg(term) FROM q) AS terms, (SELECT array_agg(idf) FROM q) AS idfs,
+               (SELECT avgdl FROM d) AS avgdl,
+               (SELECT array_agg(id ORDER BY score DESC) FROM ranked) AS ids,
+               (SELECT array_agg(score ORDER BY score DESC) FROM ranked) AS scores
     """
-    rows = await conn.fetch(sql, *params.values)
-    if total is None:
-        total = await count_in_scope(conn, principal, flt)
-    n = max(total, 1)
-    idf = {}
-    for r in rows:
-        df = int(r["df"])
-        if df:
-            idf[r["term"]] = math.log(1 + (n - df + 0.5) / (df + 0.5))
-    return TermStats(idf, n)
+    row = await conn.fetchrow(sql, *params.values)
+    stats = TermStats(dict(zip(row["terms"] or [], (float(x) for x in row["idfs"] or []))), max(total, 1))
+    ranked = list(zip(row["ids"] or [], (float(x) for x in row["scores"] or [])))
+    return ranked, stats, float(row["avgdl"] or 1.0)
 
 
 async def count_in_scope(conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter) -> int:
@@ -105,34 +101,6 @@ def _bm25_expr(alias: str, q: str, avgdl: str) -> str:
                    ({tf} + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * length({alias}.search_tsv) / {avgdl})))
         FROM unnest({alias}.search_tsv) u JOIN {q} q ON q.term = u.lexeme
     ), 0)"""
-
-
-async def bm25_candidates(
-    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, stats: TermStats, limit: int
-) -> tuple[list[tuple[str, float]], float]:
-    """L2: full-text matches in scope ranked by BM25. Returns (ranked, average doc length)."""
-    if not stats.idf:
-        return [], 1.0
-    params = SqlParams()
-    where = " AND ".join(filter_clauses(principal, flt, params))
-    tsq = params.add(tsquery_or(stats.terms))
-    terms = params.add(list(stats.idf))
-    idfs = params.add(list(stats.idf.values()))
-    sql = f"""
-        WITH q AS (SELECT * FROM unnest({terms}::text[], {idfs}::float8[]) AS q(term, idf)),
-        m AS MATERIALIZED (
-            SELECT f.id, f.search_tsv FROM fragments f
-            WHERE f.search_tsv @@ to_tsquery('simple', {tsq}) AND {where}
-            ORDER BY ts_rank(f.search_tsv, to_tsquery('simple', {tsq})) DESC
-            LIMIT {params.add(PRE_RANK)}
-        ),
-        d AS (SELECT greatest(avg(length(m.search_tsv)), 1)::float8 AS avgdl FROM m)
-        SELECT m.id, {_bm25_expr('m', 'q', '(SELECT avgdl FROM d)')} AS score, (SELECT avgdl FROM d) AS avgdl
-        FROM m ORDER BY score DESC LIMIT {params.add(limit)}
-    """
-    rows = await conn.fetch(sql, *params.values)
-    avgdl = float(rows[0]["avgdl"]) if rows else 1.0
-    return [(r["id"], float(r["score"])) for r in rows], avgdl
 
 
 @dataclass
