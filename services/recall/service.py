@@ -108,20 +108,22 @@ def build_filter(args: RecallArgs, ctx: ToolContext) -> FragmentFilter:
     )
 
 
-def _decode_cursor(cursor: str | None) -> int:
+def _decode_cursor(cursor: str | None) -> tuple[str, ...]:
+    """The ids earlier pages returned. A cursor names what was seen rather than an offset:
+    access bumps activation, so a plain offset would skip or repeat hits between pages."""
     if not cursor:
-        return 0
+        return ()
     try:
-        offset = int(json.loads(base64.urlsafe_b64decode(cursor.encode()).decode())["offset"])
+        seen = json.loads(base64.urlsafe_b64decode(cursor.encode()).decode())["seen"]
+        if not isinstance(seen, list) or not all(isinstance(i, str) for i in seen):
+            raise TypeError
     except (ValueError, KeyError, TypeError):
         raise InvalidParams("Invalid params: cursor: not a cursor this server issued") from None
-    if offset < 0:
-        raise InvalidParams("Invalid params: cursor: not a cursor this server issued")
-    return offset
+    return tuple(seen)
 
 
-def _encode_cursor(offset: int) -> str:
-    return base64.urlsafe_b64encode(json.dumps({"offset": offset}).encode()).decode()
+def _encode_cursor(seen: list[str]) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"seen": seen}, separators=(",", ":")).encode()).decode()
 
 
 def _query_type(args: RecallArgs) -> str:
@@ -193,7 +195,7 @@ async def recall(res: ReadResources, ctx: ToolContext, arguments: dict[str, Any]
     if not (args.text or args.keywords or args.topic or args.caseId or args.contextText):
         raise InvalidParams("Invalid params: text: one of text, keywords, topic, caseId or contextText is required")
     flt = build_filter(args, ctx)
-    offset = _decode_cursor(args.cursor)
+    seen_pages = _decode_cursor(args.cursor)
     explain = res.settings.symbolic_explain
     if args.excludeSeen:
         flt.exclude_ids = await _seen(res, ctx)
@@ -210,7 +212,7 @@ async def recall(res: ReadResources, ctx: ToolContext, arguments: dict[str, Any]
                 body = await _cache_get(res, conn, cache_key)
         activate: dict[str, float] = {}
         if body is None:
-            body = await _search(res, conn, ctx, args, flt, offset, explain, activate)
+            body = await _search(res, conn, ctx, args, flt, seen_pages, explain, activate)
             if cache_key:
                 await _cache_put(res, cache_key, body)
         else:
@@ -253,7 +255,7 @@ async def recall(res: ReadResources, ctx: ToolContext, arguments: dict[str, Any]
 
 async def _search(
     res: ReadResources, conn: asyncpg.Connection, ctx: ToolContext, args: RecallArgs, flt: FragmentFilter,
-    offset: int, explain: bool, activate: dict[str, float],
+    seen_pages: tuple[str, ...], explain: bool, activate: dict[str, float],
 ) -> dict[str, Any]:
     cached_at = datetime.now(timezone.utc)
     keywords = list(args.keywords or [])
@@ -275,21 +277,24 @@ async def _search(
     if args.caseMode:
         cases = await _cases(conn, ctx, hits, args.maxCases)
 
-    window = hits[offset : offset + args.pageSize]
+    if seen_pages:
+        earlier = set(seen_pages)
+        hits = [h for h in hits if h.id not in earlier]
+    window = hits[: args.pageSize]
     rows = await fragments_repo.fetch_by_ids(conn, ctx.principal, [h.id for h in window])
     full = await render.decorate(conn, ctx.principal, args, window, rows, explain=explain, time_filtered=args.timeRange is not None)
     rendered = [render.select_fields(f, args) for f in full]
     if args.includeContext:
         await render.stitch(conn, ctx.principal, rendered, res.tokens, args.tokenBudget)
     fragments, used = render.pack(res.tokens, rendered, args.tokenBudget)
-    has_more = offset + len(fragments) < len(hits)
+    has_more = len(fragments) < len(hits)
     body: dict[str, Any] = {
         "fragments": fragments,
         "count": len(fragments),
         "totalTokens": used,
         "searchPath": " → ".join(outcome.path),
         "hasMore": has_more,
-        "nextCursor": _encode_cursor(offset + len(fragments)) if has_more else None,
+        "nextCursor": _encode_cursor([*seen_pages, *(h.id for h in window[: len(fragments)])]) if has_more else None,
     }
     if cases is not None:
         body.update({"caseMode": True, "cases": cases, "caseCount": len(cases)})
