@@ -167,12 +167,13 @@ async def test_rotate_rate_limit_per_ip(stack: Stack, limited_gateway: Gateway) 
         statuses = []
         # 3 per minute; a window boundary can reset the count at most once in 7 tries
         for _ in range(7):
-            response = await _rotate(http, limited_gateway, None, "x")
+            # the master key: the gateway-wide per-IP limit must not answer first
+            response = await _rotate(http, limited_gateway, stack.master_key, "x")
             statuses.append(response.status_code)
             if response.status_code == 429:
                 assert int(response.headers["retry-after"]) >= 1
                 break
-        assert statuses[-1] == 429 and set(statuses[:-1]) == {401}
+        assert statuses[-1] == 429 and set(statuses[:-1]) == {403}  # Origin not on this gateway's list
         metrics = (await http.get(f"{limited_gateway.url}/metrics")).text
         assert "mcp_rotate_rate_limited_total 1.0" in metrics
 
