@@ -3,7 +3,7 @@ each names the tools a session may list and call."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 MODES = ("recall-only", "write-only", "onboarding", "audit")
@@ -34,7 +34,7 @@ def allows(mode: str | None, tool: str) -> bool:
     return allowed is None or tool in allowed
 
 
-def visible(mode: str | None, tools: Sequence[T], name_of: "callable[[T], str]") -> list[T]:  # type: ignore[valid-type]
+def visible(mode: str | None, tools: Sequence[T], name_of: Callable[[T], str]) -> list[T]:
     shown = [t for t in tools if allows(mode, name_of(t))]
     if mode == "onboarding":
         # seed: onboarding puts get_skill_guide first.

@@ -80,10 +80,11 @@ def tuned_gateway(stack: Stack) -> Iterator[Gateway]:
 
 @pytest.fixture(scope="session")
 def limited_gateway(stack: Stack) -> Iterator[Gateway]:
-    """Low per-IP, per-key and rotate limits."""
+    """Low per-IP, per-key and rotate limits; Streamable HTTP sessions expire after 3 idle seconds."""
     proc, gateway = start_gateway(
         stack, "gateway-limited", 1,
-        {"RATE_LIMIT_PER_IP_PER_MIN": "8", "RATE_LIMIT_PER_KEY_PER_MIN": "6", "MEMENTO_ROTATE_RATE_LIMIT_PER_MIN": "3"},
+        {"RATE_LIMIT_PER_IP_PER_MIN": "8", "RATE_LIMIT_PER_KEY_PER_MIN": "6", "MEMENTO_ROTATE_RATE_LIMIT_PER_MIN": "3",
+         "MEMENTO_SESSION_IDLE_TIMEOUT": "PT3S"},
     )
     yield gateway
     proc.stop()

@@ -25,9 +25,9 @@ async def active_session(mcp: RawMcp) -> dict[str, Any]:
     return json.loads(reply["result"]["contents"][0]["text"])
 
 
-async def reflect_jobs(stack: Stack) -> list[dict[str, Any]]:
-    """auto_reflect jobs the tuned gateway sent (its broker database has no worker)."""
-    client = aioredis.Redis.from_url(stack.redis_url.rpartition("/")[0] + "/3")
+async def reflect_jobs(stack: Stack, db_number: int = 3) -> list[dict[str, Any]]:
+    """auto_reflect jobs a test gateway sent (its broker database has no worker)."""
+    client = aioredis.Redis.from_url(stack.redis_url.rpartition("/")[0] + f"/{db_number}")
     try:
         raw = await client.lrange("maintenance", 0, -1)
     finally:
@@ -228,3 +228,20 @@ async def test_sse_message_needs_a_live_session(stack: Stack) -> None:
         response = await http.post(f"{stack.gateway_url}/message?sessionId={'0' * 32}", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
         assert response.status_code == 404
         assert (await http.post(f"{stack.gateway_url}/message", json={})).status_code == 400
+
+
+async def test_idle_session_expires_and_is_reflected(stack: Stack, limited_gateway: Gateway) -> None:
+    async with httpx.AsyncClient(timeout=30) as http:
+        mcp = RawMcp(http, limited_gateway.mcp_url, stack.master_key)
+        await mcp.initialize()
+        await mcp.tool("memory_stats", {})
+        segment = f"{mcp.session_id}#1"
+
+        async def ended() -> Any:
+            async with db(stack) as conn:
+                return await conn.fetchval("SELECT end_reason FROM sessions WHERE id = $1 AND ended_at IS NOT NULL", segment)
+
+        # MEMENTO_SESSION_IDLE_TIMEOUT is 3 s on this gateway
+        assert await wait_for(ended, timeout=30) == "session_end"
+        assert {"session_id": segment, "key_id": None, "reason": "session_end"} in await reflect_jobs(stack, 1)
+        assert (await mcp.request("tools/list")).status_code == 404
