@@ -2,13 +2,34 @@
 
 from __future__ import annotations
 
-from celery import Celery
-from kombu import Queue
+from services.maintenance import metrics_env  # noqa: F401  (before prometheus_client loads)
 
-from shared.jobs import QUEUE_BATCH, QUEUE_MAINTENANCE
-from shared.settings import MaintenanceSettings
+from celery import Celery  # noqa: E402
+from kombu import Queue  # noqa: E402
+
+from shared.jobs import QUEUE_BATCH, QUEUE_MAINTENANCE  # noqa: E402
+from shared.settings import MaintenanceSettings  # noqa: E402
 
 settings = MaintenanceSettings()
+
+
+def beat_schedule(s: MaintenanceSettings) -> dict[str, dict]:
+    schedule: dict[str, dict] = {
+        "maintenance.link_sweep": {"task": "maintenance.link_sweep", "schedule": s.link_sweep_interval.total_seconds()},
+        "maintenance.reflect_sweep": {"task": "maintenance.reflect_sweep", "schedule": s.reflect_sweep_interval.total_seconds()},
+    }
+    if s.consolidate_enabled:
+        # seed: the scheduler runs the full cycle every 6 hours by default.
+        schedule["maintenance.consolidate"] = {
+            "task": "maintenance.consolidate", "schedule": s.consolidate_interval.total_seconds(),
+        }
+        schedule["maintenance.embedding_backfill"] = {
+            "task": "maintenance.embedding_backfill", "schedule": s.embedding_backfill_interval.total_seconds(),
+        }
+    if s.fsck_auto_interval.total_seconds() > 0:
+        schedule["maintenance.auto_fsck"] = {"task": "maintenance.auto_fsck", "schedule": s.fsck_auto_interval.total_seconds()}
+    return schedule
+
 
 app = Celery("engram", broker=settings.broker_url or settings.redis_url, include=["services.maintenance.tasks", "services.maintenance.batch_worker"])
 app.conf.update(
@@ -24,10 +45,7 @@ app.conf.update(
     task_ignore_result=True,
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
-    beat_schedule={
-        "maintenance.link_sweep": {
-            "task": "maintenance.link_sweep",
-            "schedule": settings.link_sweep_interval.total_seconds(),
-        },
-    },
+    beat_schedule=beat_schedule(settings),
 )
+
+from services.maintenance import observability  # noqa: E402,F401  (signal handlers)

@@ -11,6 +11,8 @@ import asyncpg
 from celery.signals import worker_process_init, worker_process_shutdown
 
 from shared.db import create_pool
+from shared.embeddings import Embedder, load_embedder
+from shared.llm import LLMClient, load_llm
 from shared.settings import MaintenanceSettings
 from shared.telemetry import configure_logging, configure_tracing
 
@@ -19,7 +21,8 @@ T = TypeVar("T")
 
 
 class WorkerRuntime:
-    """One event loop and one asyncpg pool per worker process."""
+    """One event loop, one asyncpg pool, one LLM client and (on first use) one embedding
+    model per worker process."""
 
     def __init__(self, settings: MaintenanceSettings) -> None:
         self.settings = settings
@@ -27,6 +30,14 @@ class WorkerRuntime:
         self.pool: asyncpg.Pool = self.loop.run_until_complete(
             create_pool(settings.database_url, min_size=1, max_size=4)
         )
+        self.llm: LLMClient = load_llm()
+        self._embedder: Embedder | None = None
+
+    def embedder(self) -> Embedder:
+        """Loaded lazily: only embedding backfill needs the model (~90 MB, ~1 s to load)."""
+        if self._embedder is None:
+            self._embedder = load_embedder()
+        return self._embedder
 
     def run(self, fn: Callable[[asyncpg.Pool], Awaitable[T]]) -> T:
         return self.loop.run_until_complete(fn(self.pool))

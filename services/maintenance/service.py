@@ -1,10 +1,26 @@
-"""Maintenance jobs as plain async functions over a pool; the Celery tasks are thin."""
+"""Maintenance jobs as plain async functions; the Celery tasks are thin.
+
+Each job that an operator or tool may wait on records itself in maintenance_runs: the row
+is claimed (queued -> running), the work is done in bounded stages, the row is finished
+with the report or the error.
+"""
 
 from __future__ import annotations
 
-import asyncpg
+import logging
+from typing import Any
 
+import asyncpg
+from opentelemetry import trace
+
+from services.maintenance.pipeline import STAGE_NAMES, CycleContext, run_cycle
+from services.maintenance.runtime import WorkerRuntime
 from shared.repositories import links as links_repo
+from shared.repositories import maintenance as runs_repo
+from shared.repositories.maintenance import Tenant
+from shared.telemetry import correlation_id
+
+logger = logging.getLogger(__name__)
 
 # 500 fragments per sweep: one LATERAL kNN query each (~2 ms with HNSW), ~1 s of work.
 LINK_SWEEP_BATCH = 500
@@ -22,3 +38,62 @@ async def link_sweep(pool: asyncpg.Pool) -> int:
     if not ids:
         return 0
     return await link_new_fragments(pool, ids)
+
+
+class AlreadyRunning(RuntimeError):
+    pass
+
+
+async def _with_tenant_lock(conn: asyncpg.Connection, name: str) -> bool:
+    """A session advisory lock per job and tenant: two cycles never work one tenant at once."""
+    return bool(await conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", name))
+
+
+async def consolidate(
+    rt: WorkerRuntime, *, run_id: int | None, tenant: str | None, stages: list[str] | None, scheduled: bool,
+    job: str = "consolidate",
+) -> dict[str, Any]:
+    pool = rt.pool
+    if scheduled and not rt.settings.consolidate_enabled:
+        return {"skipped": "CONSOLIDATE_ENABLED is false"}
+    unknown = sorted(set(stages or ()) - set(STAGE_NAMES))
+    if unknown:
+        raise ValueError(f"unknown stages: {unknown}")
+    async with pool.acquire() as conn:
+        if run_id is None:
+            run_id = await runs_repo.create_run(
+                conn, job, Tenant.parse(tenant), {"stages": stages, "trigger": "beat" if scheduled else "task"}
+            )
+        claimed = await runs_repo.claim_run(conn, run_id)
+    if claimed is None:
+        return {"runId": run_id, "skipped": "run already finished"}
+    scope = Tenant.parse(claimed["tenant"])
+    lock_conn = await pool.acquire()
+    try:
+        lock_name = f"engram.{claimed['job']}:{scope.label}"
+        if not await _with_tenant_lock(lock_conn, lock_name):
+            await runs_repo.finish_run(lock_conn, run_id, "skipped", {}, "another consolidation of this tenant is running")
+            return {"runId": run_id, "skipped": "another consolidation is running"}
+        try:
+            ctx = CycleContext(pool=pool, tenant=scope, settings=rt.settings, llm=rt.llm, budget=rt.llm.budget(),
+                               embedder=rt.embedder)
+            report = await run_cycle(ctx, only=stages)
+        except BaseException as exc:
+            # Task boundary: the run row records why, then Celery sees the error (and retries
+            # connection errors; the redelivered task takes over the same row).
+            await runs_repo.finish_run(lock_conn, run_id, "failed", {}, f"{exc.__class__.__name__}: {exc}")
+            raise
+        finally:
+            await lock_conn.execute("SELECT pg_advisory_unlock(hashtext($1))", lock_name)
+        span = trace.get_current_span().get_span_context()
+        # Which request caused this run, for an operator reading the row.
+        report["traceId"] = format(span.trace_id, "032x") if span.is_valid else None
+        report["correlationId"] = correlation_id.get()
+        status = "succeeded" if not report["failedStages"] else "failed"
+        error = f"stages failed: {', '.join(report['failedStages'])}" if report["failedStages"] else None
+        await runs_repo.finish_run(lock_conn, run_id, status, report, error)
+    finally:
+        await pool.release(lock_conn)
+    report["runId"] = run_id
+    logger.info("%s run %s (%s) %s", claimed["job"], run_id, scope.label, status)
+    return report

@@ -1,21 +1,63 @@
-"""Celery tasks: open the runtime, call a plain function in service.py, return."""
+"""Celery tasks: open the runtime, call a plain function in service.py, return.
+
+Every task is idempotent (acks_late redelivers after a crash): runs are claimed by id,
+stages are rerun-safe, reflect is locked per session and checks reflected_at.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncpg
 
-from services.maintenance import service
+from services.maintenance import reflect, service
 from services.maintenance.celery_app import app
 from services.maintenance.runtime import runtime
 
+# Lost connections and an unreachable ingest are worth retrying; a bug is not.
 RETRYABLE = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError)
+RETRY = {"retry_backoff": 5, "retry_backoff_max": 300, "retry_jitter": True, "max_retries": 3}
 
 
-@app.task(name="maintenance.link_new_fragments", autoretry_for=RETRYABLE, retry_backoff=True, max_retries=3)
+@app.task(name="maintenance.link_new_fragments", autoretry_for=RETRYABLE, **RETRY)
 def link_new_fragments(fragment_ids: list[str]) -> int:
     return runtime().run(lambda pool: service.link_new_fragments(pool, fragment_ids))
 
 
-@app.task(name="maintenance.link_sweep", autoretry_for=RETRYABLE, retry_backoff=True, max_retries=3)
+@app.task(name="maintenance.link_sweep", autoretry_for=RETRYABLE, **RETRY)
 def link_sweep() -> int:
     return runtime().run(service.link_sweep)
+
+
+@app.task(name="maintenance.consolidate", autoretry_for=RETRYABLE, **RETRY)
+def consolidate(run_id: int | None = None, tenant: str | None = None, stages: list[str] | None = None) -> dict[str, Any]:
+    """run_id: a maintenance_runs row made by the caller (memory_consolidate); without it
+    (beat) the task makes its own. tenant: 'all' (default), 'master' or 'key:<id>'."""
+    rt = runtime()
+    return rt.run(lambda _pool: service.consolidate(rt, run_id=run_id, tenant=tenant, stages=stages, scheduled=run_id is None))
+
+
+@app.task(name="maintenance.embedding_backfill", autoretry_for=RETRYABLE, **RETRY)
+def embedding_backfill() -> dict[str, Any]:
+    """The backfill stage alone, more often than the full cycle (a fragment stored while the
+    model was unavailable should not wait 6 hours to become searchable by meaning)."""
+    rt = runtime()
+    return rt.run(lambda _pool: service.consolidate(
+        rt, run_id=None, tenant="all", stages=["embedding_backfill"], scheduled=True, job="embedding_backfill"
+    ))
+
+
+@app.task(name="maintenance.auto_reflect", autoretry_for=(*RETRYABLE, reflect.ReflectFailed), **RETRY)
+def auto_reflect(session_id: str, key_id: str | None = None, reason: str | None = None) -> dict[str, Any]:
+    rt = runtime()
+    return rt.run(lambda _pool: reflect.auto_reflect(rt, session_id=session_id, key_id=key_id, reason=reason))
+
+
+@app.task(name="maintenance.reflect_sweep", autoretry_for=RETRYABLE, **RETRY)
+def reflect_sweep() -> int:
+    """Ended sessions whose reflect job was lost or failed: one auto_reflect task each."""
+    rt = runtime()
+    pending = rt.run(lambda _pool: reflect.unreflected(rt))
+    for kwargs in pending:
+        auto_reflect.apply_async(kwargs=kwargs)
+    return len(pending)

@@ -2,6 +2,36 @@
 
 from __future__ import annotations
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from shared.contract.spec import ToolSpec
 
-MAINTENANCE_TOOLS: tuple[ToolSpec, ...] = ()
+# The stage names of the consolidation cycle (services/maintenance/pipeline.py STAGES);
+# repeated here because the contract must not import the worker.
+CONSOLIDATION_STAGES = (
+    "embedding_backfill", "ttl_tiers", "importance_decay", "activation_decay", "expiry_gc", "exact_dedup",
+    "semantic_dedup", "contradictions", "supersession", "co_retrieval", "session_cleanup", "anomalies",
+)
+
+
+class MemoryConsolidateArgs(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    # seed: deprecated, kept in the schema for compatibility; no effect.
+    stream: bool | None = None
+    stages: list[str] | None = Field(
+        None, description=f"Run only these stages (default: all enabled). One of: {', '.join(CONSOLIDATION_STAGES)}."
+    )
+    wait: bool = Field(True, description="Wait (bounded) for the cycle and return its report; false returns {queued, runId}.")
+
+
+MAINTENANCE_TOOLS: tuple[ToolSpec, ...] = (
+    ToolSpec(
+        "memory_consolidate",
+        "Run the maintenance cycle now: TTL tier transitions, importance decay, expiry, duplicate merge "
+        "(with the safety gate), contradiction links, supersession, embedding backfill, co-retrieval links, "
+        "session cleanup, anomaly scan. Returns what each stage did, or {queued, runId} if it is still "
+        "running. The scheduler runs the same cycle every 6 hours.",
+        MemoryConsolidateArgs, "ingest", ("consolidate", "maintenance"), "admin", True, requires_master=False,
+    ),
+)

@@ -1,0 +1,22 @@
+"""Prometheus multiprocess mode for the worker: imported first by celery_app, before
+anything imports prometheus_client, so every pool process writes its samples to one
+directory that the worker's /metrics endpoint aggregates (a forked child's in-memory
+counters would otherwise be invisible to the parent's HTTP server)."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+
+if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    _dir = tempfile.mkdtemp(prefix="engram-worker-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = _dir
+    _owner = os.getpid()
+
+    def _cleanup() -> None:
+        if os.getpid() == _owner:
+            shutil.rmtree(_dir, ignore_errors=True)
+
+    atexit.register(_cleanup)

@@ -1,0 +1,275 @@
+"""The consolidation cycle as a declarative list of stages.
+
+Each stage has a name (its flag: CONSOLIDATE_DISABLED_STAGES switches it off), a bound on
+the work it does per run, and its own metrics. Each runs in its own transaction, so a
+failing stage leaves the others' work committed and is reported, not fatal. Every stage is
+idempotent: a rerun finds nothing left to do (decay counts from last_decay_at, dedup only
+compares unconsolidated fragments, links use ON CONFLICT).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+from prometheus_client import Counter, Histogram
+
+from shared.domain.dedup import CONTRADICTION_MIN, SEMANTIC_DUPLICATE_MIN, contradiction_signal, decide_merge
+from shared.embeddings import Embedder
+from shared.llm import LLMBudget, LLMClient
+from shared.repositories import consolidation as repo
+from shared.repositories.maintenance import Tenant
+from shared.settings import MaintenanceSettings
+
+from services.maintenance.similarity import SimilarPair, similar_pairs
+
+logger = logging.getLogger(__name__)
+
+STAGE_ITEMS = Counter("engram_consolidation_stage_items_total", "Items a consolidation stage changed", ["stage"])
+STAGE_SECONDS = Histogram(
+    "engram_consolidation_stage_seconds", "Duration of a consolidation stage", ["stage"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+STAGE_FAILURES = Counter("engram_consolidation_stage_failures_total", "Consolidation stages that failed", ["stage"])
+
+
+@dataclass
+class CycleContext:
+    pool: asyncpg.Pool
+    tenant: Tenant
+    settings: MaintenanceSettings
+    llm: LLMClient
+    budget: LLMBudget
+    embedder: Callable[[], Embedder]
+    # Filled by the similarity scan, read by the dedup / contradiction stages.
+    _pairs: list[SimilarPair] | None = None
+    _new_ids: list[str] = field(default_factory=list)
+    merged_away: set[str] = field(default_factory=set)
+    scan_limit: int = 20_000
+
+    async def pairs(self) -> list[SimilarPair]:
+        """One similarity scan per cycle, shared by the stages that need it."""
+        if self._pairs is None:
+            async with self.pool.acquire() as conn:
+                groups = await repo.unconsolidated_groups(conn, self.tenant, self.scan_limit)
+                rows = await repo.group_members(conn, groups)
+            self._pairs, self._new_ids = similar_pairs(rows, CONTRADICTION_MIN)
+        return self._pairs
+
+
+StageFn = Callable[[CycleContext, asyncpg.Connection, int], Awaitable[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    run: StageFn
+    # Bound on the rows one run of this stage changes (or examines, for scans).
+    limit: int
+    description: str
+
+
+async def _tiers(ctx: CycleContext, conn: asyncpg.Connection, limit: int) -> dict[str, Any]:
+    return await repo.transition_tiers(conn, ctx.tenant, limit)
+
+
+async def _decay(ctx: CycleContext, conn: asyncpg.Connection, limit: int) -> dict[str, Any]:
+    return await repo.decay_importance(conn, ctx.tenant, limit)
+
+
+async def _gc(ctx: CycleContext, conn: asyncpg.Connection, limit: int) -> dict[str, Any]:
+    return await repo.collect_garbage(conn, ctx.tenant, limit)
+
+
+async def _exact(ctx: CycleContext, conn: asyncpg.Connection, limit: int) -> dict[str, Any]:
+    pairs = await repo.exact_duplicate_pairs(conn, ctx.tenant, limit)
+    merged = await repo.merge_into(conn, pairs)
+    ctx.merged_away.update(p[0] for p in pairs)
+    return {"processed": merged, "merged": [{"id": r, "into": s} for r, s in pairs[:20]]}
+
+
+async def _semantic(ctx: CycleContext, conn: asyncpg.Connection, limit: int) -> dict[str, Any]:
+    merges: list[tuple[str, str]] = []
+    blocked: list[dict[str, Any]] = []
+    examined = 0
+    for pair in await ctx.pairs():
+        if pair.similarity < SEMANTIC_DUPLICATE_MIN:
+            break  # pairs are sorted by similarity
+        if pair.a["id"] in ctx.merged_away or pair.b["id"] in ctx.merged_away:
+            continue
+        examined += 1
+        decision = decide_merge(dict(pair.a), dict(pair.b))
+        if not decision.allowed:
+            blocked.append({"ids": [decision.removed, decision.survivor], "missing": list(decision.missing),
+                            "similarity": round(pair.similarity, 4)})
+            continue
+        conflict = contradiction_signal(pair.a["content"], pair.b["content"])
+        if conflict is not None:
+            # "enabled" vs "disabled" embed at 0.94: near-identical text, opposite facts.
+            blocked.append({"ids": [pair.a["id"], pair.b["id"]], "contradiction": conflict.signal,
+                            "similarity": round(pair.similarity, 4)})
+            continue
+        merges.append((decision.removed, decision.survivor))
+        ctx.merged_away.add(decision.removed)
+        if len(merges) >= limit:
+            break
+    merged = await repo.merge_into(conn, merges)
+    return {
+        "processed": merged,
+        "examined": examined,
+        "merged": [{"id": r, "into": s} for r, s in merges[:20]],
+        "blockedBySafetyGate": sum(1 for b in blocked if "missing" in b),
+        "blockedAsContradiction": sum(1 for b in blocked if "contradiction" in b),
+        "blocked": blocked[:20],
+    }
+
+
+_CONTRADICTION_SYSTEM = (
+    "You compare two short memory statements from the same project and topic. Answer with "
+    "exactly one word: CONTRADICT if both cannot be true at the same time, otherwise COMPATIBLE."
+)
+# The band where no deterministic signal fired but the pair is close enough to ask an LLM.
+LLM_CONTRADICTION_BAND = (0.85, SEMANTIC_DUPLICATE_MIN)
+
+
+async def _contradictions(ctx: CycleContext, conn: asyncpg.Connection, limit: int) -> dict[str, Any]:
+    links: list[tuple[str, str, float]] = []
+    signals: dict[str, int] = {}
+    for pair in await ctx.pairs():
+        if len(links) >= limit:
+            break
+        a, b = pair.a, pair.b
+        if a["id"] in ctx.merged_away or b["id"] in ctx.merged_away:
+            continue
+        found = contradiction_signal(a["content"], b["content"])
+        if found is not None:
+            links.append((a["id"], b["id"], found.confidence))
+            signals[found.signal] = signals.get(found.signal, 0) + 1
+            continue
+        low, high = LLM_CONTRADICTION_BAND
+        if ctx.llm.configured and low <= pair.similarity < high:
+            answer = ctx.llm.complete(_CONTRADICTION_SYSTEM, f"A: {a['content']}\nB: {b['content']}", ctx.budget, max_tokens=5)
+            if answer and answer.strip().upper().startswith("CONTRADICT"):
+                links.append((a["id"], b["id"], 0.6))
+                signals["llm"] = signals.get("llm", 0) + 1
+    created = await repo.insert_contradictions(conn, links)
+    return {"processed": created, "signals": signals, "links": [{"from": x, "to": y, "confidence": w} for x, y, w in links[:20]]}
+
+
+async def _supersede(ctx: CycleContext, conn: asyncpg.Connection, limit: int) -> dict[str, Any]:
+    return await repo.supersede_contradicted(conn, ctx.tenant, limit)
+
+
+# Embedding batch of 64: the ONNX model's throughput flattens above it on 2 cores.
+EMBED_BATCH = 64
+
+
+async def _backfill(ctx: CycleContext, conn: asyncpg.Connection, limit: int) -> dict[str, Any]:
+    todo = await repo.missing_embeddings(conn, ctx.tenant, limit)
+    if not todo:
+        return {"processed": 0}
+    embedder = ctx.embedder()
+    stored = 0
+    for start in range(0, len(todo), EMBED_BATCH):
+        chunk = todo[start:start + EMBED_BATCH]
+        vectors = embedder.embed([content for _, content in chunk])
+        stored += await repo.store_embeddings(conn, [i for i, _ in chunk], vectors)
+    return {"processed": stored}
+
+
+async def _activation(ctx: CycleContext, conn: asyncpg.Connection, limit: int) -> dict[str, Any]:
+    return await repo.decay_activation(conn, ctx.tenant, limit)
+
+
+async def _co_retrieval(ctx: CycleContext, conn: asyncpg.Connection, limit: int) -> dict[str, Any]:
+    return await repo.link_co_retrieved(conn, ctx.tenant, limit)
+
+
+async def _sessions(ctx: CycleContext, conn: asyncpg.Connection, limit: int) -> dict[str, Any]:
+    return await repo.clean_sessions(conn, ctx.tenant, ctx.settings.session_idle_ttl, limit)
+
+
+# Anomaly rules: (kind, test on a key's facts, the value reported).
+def _anomalies(facts: asyncpg.Record) -> list[dict[str, Any]]:
+    found = []
+    live = max(1, facts["live"])
+    daily_avg = facts["last_30_days"] / 30
+    if facts["no_embedding"] > 0:
+        found.append({"kind": "missing_embeddings", "value": facts["no_embedding"]})
+    if facts["open_contradictions"] > 0:
+        found.append({"kind": "open_contradictions", "value": facts["open_contradictions"]})
+    if facts["live"] >= 20 and facts["very_important"] / live > 0.5:
+        found.append({"kind": "importance_inflation", "value": round(facts["very_important"] / live, 3), "threshold": 0.5})
+    if facts["last_day"] >= 50 and facts["last_day"] > 5 * max(daily_avg, 1):
+        found.append({"kind": "write_burst", "value": facts["last_day"], "dailyAverage": round(daily_avg, 1)})
+    if facts["live"] >= 20 and facts["no_keywords"] / live > 0.3:
+        found.append({"kind": "missing_keywords", "value": round(facts["no_keywords"] / live, 3), "threshold": 0.3})
+    return found
+
+
+async def _anomaly_scan(ctx: CycleContext, conn: asyncpg.Connection, limit: int) -> dict[str, Any]:
+    anomalies = []
+    for facts in await repo.anomaly_facts(conn, ctx.tenant):
+        for item in _anomalies(facts):
+            anomalies.append({"keyId": facts["key_id"], **item})
+    return {"processed": len(anomalies), "anomalies": anomalies[:limit]}
+
+
+# Limits: measured on the 100k bench (bench/consolidation_bench.py) so the whole cycle stays
+# well under 30 s on 2 cores; a backlog larger than a limit drains over the next cycles.
+STAGES: tuple[Stage, ...] = (
+    Stage("embedding_backfill", _backfill, 2_000, "embed fragments stored without an embedding"),
+    Stage("ttl_tiers", _tiers, 50_000, "move fragments between hot / warm / cold / permanent"),
+    Stage("importance_decay", _decay, 50_000, "decay importance by type half-life since last decay; anchors exempt"),
+    Stage("activation_decay", _activation, 50_000, "decay ema_activation since last decay or access"),
+    Stage("expiry_gc", _gc, 500, "delete cold, idle, low-utility fragments past the grace period"),
+    Stage("exact_dedup", _exact, 5_000, "merge live fragments with identical content (same key, workspace)"),
+    Stage("semantic_dedup", _semantic, 2_000, "merge near-duplicates within key+workspace+topic behind the safety gate"),
+    Stage("contradictions", _contradictions, 2_000, "link conflicting statements with contradicts"),
+    Stage("supersession", _supersede, 1_000, "newer contradicting decisions/preferences supersede older ones"),
+    Stage("co_retrieval", _co_retrieval, 5_000, "co_retrieved links from recent search events"),
+    Stage("session_cleanup", _sessions, 1_000, "end idle sessions, drop old reflected ones"),
+    Stage("anomalies", _anomaly_scan, 200, "per-tenant anomalies for the admin view"),
+)
+STAGE_NAMES = tuple(s.name for s in STAGES)
+
+
+async def run_cycle(ctx: CycleContext, only: list[str] | None = None) -> dict[str, Any]:
+    """Run the enabled stages in order; returns the per-stage report."""
+    report: dict[str, Any] = {"tenant": ctx.tenant.label, "stages": {}}
+    failed: list[str] = []
+    for stage in STAGES:
+        if only is not None and stage.name not in only:
+            continue
+        if stage.name in ctx.settings.disabled_stages:
+            report["stages"][stage.name] = {"skipped": "disabled"}
+            continue
+        began = time.perf_counter()
+        try:
+            async with ctx.pool.acquire() as conn, conn.transaction():
+                result = await stage.run(ctx, conn, stage.limit)
+        except (asyncpg.PostgresError, ValueError, RuntimeError) as exc:
+            # One stage's failure is reported and the cycle goes on; connection loss
+            # (InterfaceError, OSError) propagates and the task retries.
+            logger.exception("consolidation stage %s failed", stage.name)
+            STAGE_FAILURES.labels(stage.name).inc()
+            failed.append(stage.name)
+            result = {"error": f"{exc.__class__.__name__}: {exc}"}
+        elapsed = time.perf_counter() - began
+        STAGE_SECONDS.labels(stage.name).observe(elapsed)
+        STAGE_ITEMS.labels(stage.name).inc(int(result.get("processed", 0) or 0))
+        result["limit"] = stage.limit
+        result["durationMs"] = round(elapsed * 1000, 1)
+        report["stages"][stage.name] = result
+    if ctx._pairs is not None:
+        # Compared this cycle: later cycles compare only what is new (merged-away rows are
+        # no longer live, so marking them too is harmless).
+        async with ctx.pool.acquire() as conn:
+            await repo.mark_consolidated(conn, ctx._new_ids)
+    report["failedStages"] = failed
+    report.update(ctx.budget.report())
+    return report

@@ -1,0 +1,133 @@
+"""AutoReflect: a finished session's fragments and activity become reflect fragments.
+
+The extraction is deterministic (shared.domain.autoreflect); an LLM, when configured, only
+rewrites the narrative, within GEMINI_TIMEOUT_MS and the run's call budget. The fragments
+are written by ingest's `reflect` tool over internal HTTP, as the session's key, so quota,
+workspace rules and dedup are ingest's, not re-implemented here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import httpx
+
+from services.maintenance.runtime import WorkerRuntime
+from shared.domain.autoreflect import digest_session
+from shared.repositories import maintenance as runs_repo
+from shared.repositories.maintenance import Tenant
+from shared.telemetry import inject_headers
+
+logger = logging.getLogger(__name__)
+
+SERVICE_TOKEN_HEADER = "x-engram-service-token"
+# Ingest answers reflect in well under a second; 30 s covers a cold embedding model.
+INGEST_TIMEOUT = 30.0
+SWEEP_BATCH = 50
+
+_NARRATIVE_SYSTEM = (
+    "Summarise a finished AI agent work session in 3 to 5 plain sentences for its long-term "
+    "memory: what was worked on, what was decided, what failed and how it was fixed, what is "
+    "still open. Use only the facts given."
+)
+
+
+class ReflectFailed(RuntimeError):
+    """Ingest could not store the reflection; the task retries with backoff."""
+
+
+async def auto_reflect(rt: WorkerRuntime, *, session_id: str, key_id: str | None, reason: str | None) -> dict[str, Any]:
+    pool = rt.pool
+    lock = await pool.acquire()
+    lock_name = f"engram.reflect:{session_id}"
+    try:
+        if not await lock.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", lock_name):
+            return {"sessionId": session_id, "skipped": "being reflected by another worker"}
+        try:
+            return await _reflect_locked(rt, lock, session_id, key_id, reason)
+        finally:
+            await lock.execute("SELECT pg_advisory_unlock(hashtext($1))", lock_name)
+    finally:
+        await pool.release(lock)
+
+
+async def _reflect_locked(rt: WorkerRuntime, conn: Any, session_id: str, key_id: str | None, reason: str | None) -> dict[str, Any]:
+    if await runs_repo.already_reflected(conn, session_id):
+        return {"sessionId": session_id, "skipped": "already reflected"}
+    session = await runs_repo.session_row(conn, session_id)
+    if session is not None and session["key_id"] != key_id:
+        # The row is the authority on whose session this is: never reflect into another tenant.
+        key_id = session["key_id"]
+    fragments = [dict(r) for r in await runs_repo.session_fragments(conn, session_id, key_id)]
+    activity = session["activity"] if session is not None else []
+    if isinstance(activity, str):
+        activity = json.loads(activity)
+    digest = digest_session(
+        session_id, fragments, activity or [], reason=reason or (session["end_reason"] if session else None),
+        started_at=session["started_at"] if session else None, ended_at=session["ended_at"] if session else None,
+    )
+    tenant = Tenant(all=False, key_id=key_id)
+    run_id = await runs_repo.create_run(conn, "auto_reflect", tenant, {"sessionId": session_id, "reason": reason})
+    await runs_repo.claim_run(conn, run_id)
+    if digest.empty:
+        await runs_repo.mark_reflected(conn, session_id)
+        result = {"sessionId": session_id, "reflected": 0, "reason": "nothing to reflect"}
+        await runs_repo.finish_run(conn, run_id, "succeeded", result)
+        return result
+
+    budget = rt.llm.budget()
+    if rt.llm.configured:
+        facts = json.dumps(digest.reflect_arguments(), ensure_ascii=False)
+        narrative = rt.llm.complete(_NARRATIVE_SYSTEM, facts, budget)
+        if narrative:
+            digest.narrative_summary = narrative[:2000]
+
+    principal = await runs_repo.principal_for_key_id(conn, key_id)
+    if principal is None:
+        result = {"sessionId": session_id, "reflected": 0, "reason": "the session's key no longer exists"}
+        await runs_repo.mark_reflected(conn, session_id)
+        await runs_repo.finish_run(conn, run_id, "skipped", result)
+        return result
+
+    arguments = digest.reflect_arguments()
+    try:
+        reply = await _call_reflect(rt, principal.to_wire(), session_id, arguments)
+    except ReflectFailed as exc:
+        await runs_repo.record_reflect_failure(conn, session_id, str(exc))
+        await runs_repo.finish_run(conn, run_id, "failed", {"arguments": arguments, **budget.report()}, str(exc))
+        raise
+    await runs_repo.mark_reflected(conn, session_id)
+    result = {
+        "sessionId": session_id,
+        "reflected": reply.get("count", len(reply.get("fragments", []) or [])),
+        "breakdown": reply.get("breakdown"),
+        "llmNarrative": rt.llm.configured and budget.used > 0 and budget.failed == 0,
+        **budget.report(),
+    }
+    await runs_repo.finish_run(conn, run_id, "succeeded", result)
+    return result
+
+
+async def _call_reflect(rt: WorkerRuntime, principal: dict[str, Any], session_id: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    url = rt.settings.ingest_url.split(",")[0].rstrip("/") + "/v1/tools/reflect"
+    headers = inject_headers({SERVICE_TOKEN_HEADER: rt.settings.service_token})
+    body = {"arguments": arguments, "principal": principal, "session": {"id": session_id}}
+    try:
+        async with httpx.AsyncClient(timeout=INGEST_TIMEOUT) as http:
+            response = await http.post(url, json=body, headers=headers)
+    except httpx.HTTPError as exc:
+        raise ReflectFailed(f"ingest unreachable: {exc.__class__.__name__}") from exc
+    if response.status_code != 200:
+        raise ReflectFailed(f"ingest reflect answered {response.status_code}: {response.text[:200]}")
+    payload = response.json()
+    if payload.get("isError"):
+        raise ReflectFailed(f"ingest reflect failed: {json.dumps(payload.get('result'))[:200]}")
+    return payload.get("result") or {}
+
+
+async def unreflected(rt: WorkerRuntime) -> list[dict[str, Any]]:
+    async with rt.pool.acquire() as conn:
+        rows = await runs_repo.unreflected_sessions(conn, SWEEP_BATCH)
+    return [{"session_id": r["id"], "key_id": r["key_id"], "reason": r["end_reason"] or "ended"} for r in rows]

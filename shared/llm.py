@@ -1,0 +1,101 @@
+"""The one LLM client: an OpenAI-compatible chat completions endpoint, optional.
+
+Everything in maintenance works without it; when LLM_BASE_URL and LLM_MODEL are set it only
+improves judgement (session summaries, contradiction checks). Every call is bounded by a
+timeout (GEMINI_TIMEOUT_MS semantics from the reference's AutoReflect: default 30 s, never
+above 40 s -- a 60 s gateway cut-off must keep a margin) and by a per-run call budget.
+A failed or timed-out call is a None answer, never a failed job.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import httpx
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+logger = logging.getLogger(__name__)
+
+# seed: "40000ms 이상으로 변경하지 않는다" (never raise it to 40 s or more).
+MAX_TIMEOUT_MS = 40_000
+
+
+class LLMSettings(BaseSettings):
+    model_config = SettingsConfigDict(extra="ignore")
+
+    base_url: str | None = Field(None, alias="LLM_BASE_URL")
+    api_key: str | None = Field(None, alias="LLM_API_KEY")
+    model: str | None = Field(None, alias="LLM_MODEL")
+    timeout_ms: int = Field(30_000, alias="GEMINI_TIMEOUT_MS", gt=0)
+    # Calls one maintenance run (a cycle, an fsck, one AutoReflect) may make.
+    max_calls_per_run: int = Field(20, alias="LLM_MAX_CALLS_PER_RUN", ge=0)
+
+    @field_validator("timeout_ms")
+    @classmethod
+    def _cap(cls, value: int) -> int:
+        if value >= MAX_TIMEOUT_MS:
+            logger.warning("GEMINI_TIMEOUT_MS=%s capped below %s ms", value, MAX_TIMEOUT_MS)
+            return MAX_TIMEOUT_MS - 1_000
+        return value
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.base_url and self.model)
+
+
+@dataclass
+class LLMBudget:
+    remaining: int
+    used: int = 0
+    failed: int = 0
+
+    def take(self) -> bool:
+        if self.remaining <= 0:
+            return False
+        self.remaining -= 1
+        self.used += 1
+        return True
+
+    def report(self) -> dict[str, int]:
+        return {"llmCalls": self.used, "llmFailed": self.failed, "llmBudgetLeft": self.remaining}
+
+
+class LLMClient:
+    """Synchronous on purpose: it runs inside a Celery task, one call at a time."""
+
+    def __init__(self, settings: LLMSettings) -> None:
+        self.settings = settings
+
+    @property
+    def configured(self) -> bool:
+        return self.settings.configured
+
+    def budget(self) -> LLMBudget:
+        return LLMBudget(self.settings.max_calls_per_run if self.configured else 0)
+
+    def complete(self, system: str, prompt: str, budget: LLMBudget, *, max_tokens: int = 400) -> str | None:
+        if not self.configured or not budget.take():
+            return None
+        assert self.settings.base_url is not None
+        url = self.settings.base_url.rstrip("/") + "/chat/completions"
+        headers = {"Authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
+        body = {
+            "model": self.settings.model,
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": prompt}],
+            "temperature": 0,
+            "max_tokens": max_tokens,
+        }
+        try:
+            response = httpx.post(url, json=body, headers=headers, timeout=self.settings.timeout_ms / 1000)
+            response.raise_for_status()
+            return str(response.json()["choices"][0]["message"]["content"]).strip() or None
+        except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError):
+            budget.failed += 1
+            logger.warning("LLM call failed; continuing without it", exc_info=True)
+            return None
+
+
+def load_llm() -> LLMClient:
+    return LLMClient(LLMSettings())

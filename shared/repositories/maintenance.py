@@ -1,0 +1,252 @@
+"""Maintenance runs (one row per consolidation / fsck / reflect run) and tenant scoping.
+
+A run row is the unit operators and tools read: created before the job is sent (so the
+job never looks for a row that doesn't exist), `running` while a worker holds it, then
+`succeeded` / `failed` / `skipped` with a JSON result.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import asyncpg
+
+from shared.domain.principal import Principal, SqlParams
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """What one maintenance run covers: every tenant, or one key (key_id None = the master
+    key's own fragments). Stages that compare fragments always also partition by key_id,
+    so even an all-tenant run never pairs two keys' fragments."""
+
+    all: bool = True
+    key_id: str | None = None
+
+    @classmethod
+    def parse(cls, text: str | None) -> Tenant:
+        if not text or text == "all":
+            return cls()
+        if text == "master":
+            return cls(all=False, key_id=None)
+        if text.startswith("key:") and len(text) > 4:
+            return cls(all=False, key_id=text[4:])
+        raise ValueError(f"tenant must be 'all', 'master' or 'key:<id>', not {text!r}")
+
+    @classmethod
+    def of(cls, principal: Principal) -> Tenant:
+        """An admin key maintains its own fragments; the master key maintains everyone's."""
+        return cls() if principal.is_master else cls(all=False, key_id=principal.key_id)
+
+    @property
+    def label(self) -> str:
+        if self.all:
+            return "all"
+        return "master" if self.key_id is None else f"key:{self.key_id}"
+
+    def clause(self, params: SqlParams, column: str = "f.key_id") -> str:
+        if self.all:
+            return "TRUE"
+        if self.key_id is None:
+            return f"{column} IS NULL"
+        return f"{column} = {params.add(self.key_id)}"
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, default=str)
+
+
+async def create_run(conn: asyncpg.Connection, job: str, tenant: Tenant, params: dict[str, Any] | None = None) -> int:
+    return int(
+        await conn.fetchval(
+            "INSERT INTO maintenance_runs (job, tenant, params, status) VALUES ($1, $2, $3::jsonb, 'queued') RETURNING id",
+            job, tenant.label, _json(params or {}),
+        )
+    )
+
+
+async def claim_run(conn: asyncpg.Connection, run_id: int) -> asyncpg.Record | None:
+    """Mark a queued (or crashed, or failed and retried) run as running; None when it succeeded
+    or was skipped.
+
+    A redelivered task (acks_late after a worker crash) finds its row `running` and takes it
+    over; a duplicate delivery of a finished run does nothing.
+    """
+    return await conn.fetchrow(
+        """
+        UPDATE maintenance_runs SET status = 'running', started_at = now(), error = NULL
+        WHERE id = $1 AND status IN ('queued', 'running', 'failed')
+        RETURNING id, job, tenant, params
+        """,
+        run_id,
+    )
+
+
+async def set_progress(conn: asyncpg.Connection, run_id: int, progress: dict[str, Any]) -> None:
+    await conn.execute("UPDATE maintenance_runs SET progress = $2::jsonb WHERE id = $1", run_id, _json(progress))
+
+
+async def finish_run(
+    conn: asyncpg.Connection, run_id: int, status: str, result: dict[str, Any], error: str | None = None
+) -> None:
+    await conn.execute(
+        """
+        UPDATE maintenance_runs SET status = $2, result = $3::jsonb, error = $4, finished_at = now()
+        WHERE id = $1
+        """,
+        run_id, status, _json(result), error,
+    )
+
+
+async def get_run(conn: asyncpg.Connection, run_id: int) -> asyncpg.Record | None:
+    return await conn.fetchrow("SELECT * FROM maintenance_runs WHERE id = $1", run_id)
+
+
+async def recent_runs(conn: asyncpg.Connection, job: str | None, limit: int) -> list[asyncpg.Record]:
+    if job:
+        return await conn.fetch(
+            "SELECT * FROM maintenance_runs WHERE job = $1 ORDER BY started_at DESC LIMIT $2", job, limit
+        )
+    return await conn.fetch("SELECT * FROM maintenance_runs ORDER BY started_at DESC LIMIT $1", limit)
+
+
+def run_to_wire(row: asyncpg.Record) -> dict[str, Any]:
+    def parse(value: Any) -> Any:
+        return json.loads(value) if isinstance(value, str) else value
+
+    return {
+        "runId": row["id"],
+        "job": row["job"],
+        "tenant": row["tenant"],
+        "status": row["status"],
+        "startedAt": row["started_at"].isoformat() if row["started_at"] else None,
+        "finishedAt": row["finished_at"].isoformat() if row["finished_at"] else None,
+        "error": row["error"],
+        "progress": parse(row["progress"]),
+        "result": parse(row["result"]),
+    }
+
+
+async def consolidation_status(conn: asyncpg.Connection, *, enabled: bool, interval: timedelta) -> dict[str, Any]:
+    """The scheduled all-tenant cycle: when it last succeeded, was last tried, and why it failed."""
+    row = await conn.fetchrow(
+        """
+        SELECT
+          (SELECT max(finished_at) FROM maintenance_runs
+            WHERE job = 'consolidate' AND tenant = 'all' AND status = 'succeeded') AS last_run_at,
+          (SELECT max(started_at) FROM maintenance_runs WHERE job = 'consolidate' AND tenant = 'all') AS last_attempt_at,
+          (SELECT error FROM maintenance_runs WHERE job = 'consolidate' AND tenant = 'all' AND status = 'failed'
+            ORDER BY started_at DESC LIMIT 1) AS last_error,
+          (SELECT status FROM maintenance_runs WHERE job = 'consolidate' AND tenant = 'all'
+            ORDER BY started_at DESC LIMIT 1) AS last_status,
+          now() AS now
+        """
+    )
+    last_run = row["last_run_at"]
+    due = enabled and (last_run is None or row["now"] - last_run >= interval)
+    return {
+        "enabled": enabled,
+        "intervalHours": round(interval.total_seconds() / 3600, 4),
+        "due": due,
+        "lastRunAt": last_run.isoformat() if last_run else None,
+        "lastAttemptAt": row["last_attempt_at"].isoformat() if row["last_attempt_at"] else None,
+        "lastStatus": row["last_status"],
+        # The error of the latest failed attempt, kept until a later attempt succeeds.
+        "lastError": row["last_error"] if row["last_status"] != "succeeded" else None,
+    }
+
+
+async def principal_for_key_id(conn: asyncpg.Connection, key_id: str | None) -> Principal | None:
+    """The principal a background job acts as for a key (None = the master key)."""
+    if key_id is None:
+        return Principal.master()
+    row = await conn.fetchrow(
+        """
+        SELECT k.*, ARRAY(
+            SELECT DISTINCT m2.key_id FROM key_group_members m1
+            JOIN key_group_members m2 ON m2.group_id = m1.group_id
+            WHERE m1.key_id = k.id
+        ) AS group_key_ids
+        FROM api_keys k WHERE k.id = $1
+        """,
+        key_id,
+    )
+    if row is None:
+        return None
+    return Principal(
+        key_id=row["id"],
+        key_name=row["name"],
+        visible_key_ids=tuple(sorted({row["id"], *row["group_key_ids"]})),
+        permissions=tuple(row["permissions"] or ()),
+        default_workspace=row["default_workspace"],
+        allowed_workspaces=tuple(row["allowed_workspaces"]) if row["allowed_workspaces"] is not None else None,
+        default_mode=row["default_mode"],
+        fragment_limit=row["fragment_limit"],
+        daily_limit=row["daily_limit"],
+        symbolic_hard_gate=row["symbolic_hard_gate"],
+    )
+
+
+# -- AutoReflect -------------------------------------------------------------------------
+# A session whose reflect failed this many times is left alone (reflect_error says why).
+MAX_REFLECT_ATTEMPTS = 5
+
+
+async def session_row(conn: asyncpg.Connection, session_id: str) -> asyncpg.Record | None:
+    return await conn.fetchrow(
+        "SELECT id, key_id, workspace, started_at, ended_at, end_reason, reflected_at, activity FROM sessions WHERE id = $1",
+        session_id,
+    )
+
+
+async def session_fragments(conn: asyncpg.Connection, session_id: str, key_id: str | None) -> list[asyncpg.Record]:
+    """The session's fragments of that key only (a session never spans tenants)."""
+    return await conn.fetch(
+        """
+        SELECT id, type, content, topic, workspace, resolution_status, outcome, created_at
+        FROM fragments WHERE session_id = $1 AND key_id IS NOT DISTINCT FROM $2
+        ORDER BY created_at, id LIMIT 500
+        """,
+        session_id, key_id,
+    )
+
+
+async def already_reflected(conn: asyncpg.Connection, session_id: str) -> bool:
+    return bool(
+        await conn.fetchval(
+            """
+            SELECT EXISTS (SELECT 1 FROM sessions WHERE id = $1 AND reflected_at IS NOT NULL)
+                OR EXISTS (SELECT 1 FROM maintenance_runs WHERE job = 'auto_reflect'
+                           AND status = 'succeeded' AND params->>'sessionId' = $1)
+            """,
+            session_id,
+        )
+    )
+
+
+async def mark_reflected(conn: asyncpg.Connection, session_id: str) -> None:
+    await conn.execute(
+        "UPDATE sessions SET reflected_at = now(), reflect_error = NULL WHERE id = $1 AND reflected_at IS NULL", session_id
+    )
+
+
+async def record_reflect_failure(conn: asyncpg.Connection, session_id: str, error: str) -> None:
+    await conn.execute(
+        "UPDATE sessions SET reflect_attempts = reflect_attempts + 1, reflect_error = $2 WHERE id = $1",
+        session_id, error[:500],
+    )
+
+
+async def unreflected_sessions(conn: asyncpg.Connection, limit: int) -> list[asyncpg.Record]:
+    """Ended sessions nobody reflected yet (the post-end job was lost, or failed)."""
+    return await conn.fetch(
+        """
+        SELECT id, key_id, end_reason FROM sessions
+        WHERE ended_at IS NOT NULL AND reflected_at IS NULL AND reflect_attempts < $1
+        ORDER BY ended_at LIMIT $2
+        """,
+        MAX_REFLECT_ATTEMPTS, limit,
+    )
