@@ -65,8 +65,10 @@ class ReadResources:
     async def embed_query(self, text: str) -> np.ndarray:
         return (await anyio.to_thread.run_sync(self.embedder.embed, [text]))[0]
 
-    async def scope_total(self, conn: asyncpg.Connection, ctx: ToolContext, flt: FragmentFilter) -> int:
-        key = json.dumps([ctx.principal.key_id, ctx.principal.visible_key_ids, flt.__dict__], default=str, sort_keys=True)
+    async def scope_total(self, conn: asyncpg.Connection, ctx: ToolContext, flt: FragmentFilter, latest: int) -> int:
+        """Fragments in the caller's filtered scope; reused while nothing new was stored in it
+        (`latest` is the scope's newest seq) for up to SCOPE_TOTAL_TTL_S (deletions)."""
+        key = json.dumps([ctx.principal.key_id, ctx.principal.visible_key_ids, flt.__dict__, latest], default=str, sort_keys=True)
         now = time.monotonic()
         cached = self._totals.get(key)
         if cached and now - cached[0] < SCOPE_TOTAL_TTL_S:
@@ -154,7 +156,7 @@ def _cache_key(generation: str, ctx: ToolContext, args: RecallArgs, flt: Fragmen
     return f"engram:recall:l1:{generation}:{hashlib.sha256(body.encode()).hexdigest()}"
 
 
-async def _cache_get(res: ReadResources, conn: asyncpg.Connection, key: str) -> dict[str, Any] | None:
+async def _cache_get(res: ReadResources, conn: asyncpg.Connection, key: str, latest: int) -> dict[str, Any] | None:
     try:
         raw = await res.redis.get(key)
     except RedisError:
@@ -162,6 +164,8 @@ async def _cache_get(res: ReadResources, conn: asyncpg.Connection, key: str) -> 
     if raw is None:
         return None
     cached = json.loads(raw)
+    if cached.get("latest_seq") != latest:
+        return None  # something was stored since: it may belong in this result
     # Belt and braces beside the generation counters: a fragment deleted, amended or
     # superseded since the entry was written is never served from it.
     if not await recall_views.still_fresh(conn, cached["ids"], datetime.fromisoformat(cached["cached_at"])):
@@ -203,16 +207,18 @@ async def recall(res: ReadResources, ctx: ToolContext, arguments: dict[str, Any]
     async with res.pool.acquire() as conn:
         cache_key = None
         body = None
+        latest = await recall_views.latest_seq(conn, ctx.principal)
         if res.redis is not None:
             try:
                 cache_key = _cache_key(await current_generation(res.redis, ctx.principal), ctx, args, flt, explain)
             except RedisError:
                 cache_key = None
             if cache_key:
-                body = await _cache_get(res, conn, cache_key)
+                body = await _cache_get(res, conn, cache_key, latest)
         activate: dict[str, float] = {}
         if body is None:
-            body = await _search(res, conn, ctx, args, flt, seen_pages, explain, activate)
+            body = await _search(res, conn, ctx, args, flt, seen_pages, explain, activate, latest)
+            body["latest_seq"] = latest
             if cache_key:
                 await _cache_put(res, cache_key, body)
         else:
@@ -222,7 +228,7 @@ async def recall(res: ReadResources, ctx: ToolContext, arguments: dict[str, Any]
         facts: dict[str, dict[str, Any]] = body["facts"]
         returned = list(facts)
         event_id, contradictions, errors = await recall_views.meta_facts(conn, returned)
-        scope_total = await res.scope_total(conn, ctx, FragmentFilter(caller_session=ctx.session_id))
+        scope_total = await res.scope_total(conn, ctx, FragmentFilter(caller_session=ctx.session_id), latest)
         hints = await meta_mod.hints(
             conn, ctx.principal, topic=args.topic, fragments=fragments, facts=facts,
             contradictions=contradictions, errors=errors,
@@ -248,21 +254,21 @@ async def recall(res: ReadResources, ctx: ToolContext, arguments: dict[str, Any]
     meta: dict[str, Any] = {"searchEventId": event_id, "hints": hints, "serverTime": meta_mod.server_time()}
     if suggestion:
         meta["suggestion"] = suggestion
-    result = {k: v for k, v in body.items() if k not in ("ids", "cached_at", "facts")}
+    result = {k: v for k, v in body.items() if k not in ("ids", "cached_at", "facts", "latest_seq")}
     result["_meta"] = meta
     return result, False
 
 
 async def _search(
     res: ReadResources, conn: asyncpg.Connection, ctx: ToolContext, args: RecallArgs, flt: FragmentFilter,
-    seen_pages: tuple[str, ...], explain: bool, activate: dict[str, float],
+    seen_pages: tuple[str, ...], explain: bool, activate: dict[str, float], latest: int,
 ) -> dict[str, Any]:
     cached_at = datetime.now(timezone.utc)
     keywords = list(args.keywords or [])
     semantic_text = args.text or " ".join([*keywords, args.contextText or ""]).strip()
     vector = asyncio.ensure_future(res.embed_query(semantic_text)) if semantic_text else None
     filter_only = not args.text and not keywords and not args.contextText
-    scope_total = 0 if filter_only else await res.scope_total(conn, ctx, flt)
+    scope_total = 0 if filter_only else await res.scope_total(conn, ctx, flt, latest)
     outcome = await layered_search(
         conn, ctx.principal, flt,
         SearchRequest(text=args.text, keywords=keywords, vector=vector, semantic_label="L3" if args.text else "L3kw",

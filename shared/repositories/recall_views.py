@@ -208,3 +208,16 @@ async def meta_facts(conn: asyncpg.Connection, ids: list[str]) -> tuple[int, lis
     )
     pairs = [(p[0], p[1]) for p in (row["contradictions"] or [])]
     return int(row["event_id"]), pairs, list(row["errors"] or [])
+
+
+async def latest_seq(conn: asyncpg.Connection, principal: Principal) -> int:
+    """The highest insertion number among the fragments the caller can read (index lookups
+    per visible key), so a cache entry can tell that something new was stored."""
+    if principal.is_master:
+        return int(await conn.fetchval("SELECT coalesce(max(seq), 0) FROM fragments") or 0)
+    visible = list(principal.visible_key_ids or (principal.key_id,))
+    return int(await conn.fetchval(
+        "SELECT coalesce(max(x.m), 0) FROM unnest($1::text[]) AS k(id), "
+        "LATERAL (SELECT max(f.seq) AS m FROM fragments f WHERE f.key_id = k.id) x",
+        visible,
+    ) or 0)
