@@ -13,6 +13,8 @@ from shared.domain.keywords import korean_morphemes
 from shared.domain.principal import Principal, SqlParams, read_scope, workspace_scope, write_scope
 from shared.domain.search import FragmentFilter
 
+_HANGUL = re.compile(r"[\uac00-\ud7a3]")
+
 # Columns a recall response can carry.
 FRAGMENT_COLUMNS = """
     f.id, f.content, f.topic, f.type, f.keywords, f.importance, f.source, f.scope, f.is_anchor,
@@ -98,51 +100,6 @@ def filter_clauses(principal: Principal, flt: FragmentFilter, params: SqlParams,
     # Session-scoped fragments are working memory: only their own session reads them.
     clauses.append(f"({a}.scope = 'permanent' OR {a}.session_id = {params.add(flt.caller_session)})")
     return clauses
-
-
-_HANGUL = re.compile(r"[\uac00-\ud7a3]")
-_TSQUERY_TERM = re.compile(r"[0-9a-z\u00c0-\u024f\uac00-\ud7a3]+")
-
-
-def tsquery_text(terms: list[str]) -> str:
-    """An OR query over sanitised terms (to_tsquery syntax); empty when nothing is left."""
-    seen: list[str] = []
-    for term in terms:
-        for part in _TSQUERY_TERM.findall(term.lower()):
-            if part not in seen:
-                seen.append(part)
-    return " | ".join(seen)
-
-
-async def lexical_candidates(
-    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, terms: list[str], keywords: list[str], limit: int
-) -> list[tuple[str, float]]:
-    """L2: full-text (stemmed prose + exact keywords) and keyword-array overlap, best first."""
-    query = tsquery_text(terms)
-    if not query and not keywords:
-        return []
-    params = SqlParams()
-    where = filter_clauses(principal, flt, params)
-    match = []
-    rank = "0"
-    if query:
-        q = params.add(query)
-        tsq = f"(to_tsquery('english', {q}) || to_tsquery('simple', {q}))"
-        match.append(f"f.search_tsv @@ {tsq}")
-        rank = f"ts_rank_cd(f.search_tsv, {tsq}, 32)"
-    if keywords:
-        kw = params.add([k.lower() for k in keywords])
-        match.append(f"f.keywords && {kw}::text[]")
-        rank = f"{rank} + 0.5 * cardinality(ARRAY(SELECT unnest(f.keywords) INTERSECT SELECT unnest({kw}::text[])))"
-    sql = f"""
-        SELECT f.id, {rank} AS rank
-        FROM fragments f
-        WHERE ({' OR '.join(match)}) AND {' AND '.join(where)}
-        ORDER BY rank DESC, f.importance DESC
-        LIMIT {params.add(limit)}
-    """
-    rows = await conn.fetch(sql, *params.values)
-    return [(r["id"], float(r["rank"])) for r in rows]
 
 
 async def vector_candidates(

@@ -144,38 +144,6 @@ async def similar_topics(conn: asyncpg.Connection, principal: Principal, topic: 
     return [r["topic"] for r in rows]
 
 
-async def pending_contradictions(conn: asyncpg.Connection, ids: list[str]) -> list[tuple[str, str]]:
-    """contradicts links touching these fragments whose both ends are still valid."""
-    if not ids:
-        return []
-    rows = await conn.fetch(
-        """
-        SELECT l.from_id, l.to_id FROM fragment_links l
-        JOIN fragments a ON a.id = l.from_id JOIN fragments b ON b.id = l.to_id
-        WHERE l.relation_type = 'contradicts' AND (l.from_id = ANY($1::text[]) OR l.to_id = ANY($1::text[]))
-          AND a.valid_to IS NULL AND b.valid_to IS NULL
-        """,
-        ids,
-    )
-    return [(r["from_id"], r["to_id"]) for r in rows]
-
-
-async def unresolved_errors(conn: asyncpg.Connection, ids: list[str]) -> list[str]:
-    """Error fragments among these that are open: resolution open, or unset with no resolved_by link."""
-    if not ids:
-        return []
-    rows = await conn.fetch(
-        """
-        SELECT f.id FROM fragments f
-        WHERE f.id = ANY($1::text[]) AND f.type = 'error' AND f.valid_to IS NULL
-          AND (f.resolution_status = 'open' OR (f.resolution_status IS NULL AND NOT EXISTS (
-                SELECT 1 FROM fragment_links l WHERE l.relation_type = 'resolved_by' AND (l.from_id = f.id OR l.to_id = f.id))))
-        """,
-        ids,
-    )
-    return [r["id"] for r in rows]
-
-
 async def still_fresh(conn: asyncpg.Connection, ids: list[str], cached_at: datetime) -> bool:
     """True when none of these fragments was deleted, amended or superseded since cached_at."""
     if not ids:

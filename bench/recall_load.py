@@ -1,0 +1,102 @@
+"""Recall at scale without waiting on the write path: bulk-load N corpus fragments straight
+into a running stack's database (real MiniLM embeddings, the repository's own insert), then
+time recall end to end through MCP with bench.recall_bench's query suites.
+
+    python -m bench.recall_load --url URL --key KEY --database-url DSN [--n 100000] [--queries 300]
+
+Loading through batch_remember measures ingest (bench/ingest_bench.py); this bench is about
+the read path at 100k, so it skips the gateway for the load only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import time
+import uuid
+
+import asyncpg
+from pgvector.asyncpg import register_vector
+
+from bench.corpus import filtered_queries, generate, keyword_queries, text_queries
+from bench.harness import LATENCY_HEADER, Target, latency_row, print_table
+from bench.loading import run_namespace, scoped
+from bench.recall_bench import WARMUP, time_queries
+from shared.db import SEARCH_PATH
+from shared.domain.fragment import NewFragment
+from shared.domain.keywords import merge_keywords
+from shared.embeddings import load_embedder
+from shared.repositories import fragments as fragments_repo
+
+# Rows per insert transaction and per embedding call (64-row ONNX batches, measured fastest here).
+CHUNK = 2000
+
+
+async def bulk_load(database_url: str, memories: list, namespace: str) -> tuple[list[str], float]:
+    embedder = load_embedder()
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": SEARCH_PATH})
+    await register_vector(conn)
+    session = f"bench-{uuid.uuid4().hex[:8]}"
+    ids: list[str] = []
+    began = time.perf_counter()
+    try:
+        for start in range(0, len(memories), CHUNK):
+            chunk = [scoped(m.fragment, namespace) for m in memories[start:start + CHUNK]]
+            vectors = await asyncio.to_thread(embedder.embed, [f["content"] for f in chunk])
+            rows = []
+            for f, vec in zip(chunk, vectors):
+                fid = f"frag-{uuid.uuid4().hex[:16]}"
+                ids.append(fid)
+                rows.append(NewFragment(
+                    id=fid, content=f["content"], topic=f["topic"], type=f["type"],
+                    keywords=merge_keywords(f.get("keywords"), f["content"]), importance=f["importance"],
+                    content_hash=hashlib.sha256(f["content"].encode()).hexdigest(), embedding=vec,
+                    workspace=f["workspace"], workspace_source="explicit", session_id=session,
+                ))
+            async with conn.transaction():
+                await fragments_repo.insert_many(conn, rows)
+            print(f"  loaded {start + len(chunk)}/{len(memories)} ({time.perf_counter() - began:.0f} s)", flush=True)
+        await conn.execute("ANALYZE fragments")
+    finally:
+        await conn.close()
+    return ids, time.perf_counter() - began
+
+
+async def run(target: Target, database_url: str, n: int, count: int, seed: int) -> None:
+    memories = generate(n, seed=seed)
+    namespace = run_namespace(f"recall{n}")
+    ids, seconds = await bulk_load(database_url, memories, namespace)
+    print(f"bulk-loaded {n} fragments in {seconds:.0f} s", flush=True)
+    suites = {
+        "text": text_queries(memories, WARMUP + count, seed=seed + 1),
+        "keyword": keyword_queries(memories, WARMUP + count, seed=seed + 2),
+        "filtered (ws+type+minImportance)": filtered_queries(memories, WARMUP + count, seed=seed + 3),
+    }
+    rows = []
+    for name, queries in suites.items():
+        await time_queries(target, queries[:WARMUP], namespace, ids)
+        began = time.perf_counter()
+        samples, hit_rate = await time_queries(target, queries[WARMUP:], namespace, ids)
+        qps = len(samples) / (time.perf_counter() - began)
+        rows.append(latency_row(name, samples, f"hit@10 {hit_rate:.2f}, {qps:.0f} q/s"))
+    print_table(
+        f"recall over MCP at {n} fragments (one client, sequential, pageSize 10, after {WARMUP} warm-up each)",
+        LATENCY_HEADER, rows,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--key", required=True)
+    parser.add_argument("--database-url", required=True)
+    parser.add_argument("--n", type=int, default=100_000)
+    parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    asyncio.run(run(Target(args.url, args.key), args.database_url, args.n, args.queries, args.seed))
+
+
+if __name__ == "__main__":
+    main()
