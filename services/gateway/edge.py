@@ -66,11 +66,16 @@ class GatewayEdge:
         if principal is not None:
             scope[PRINCIPAL_SCOPE_KEY] = principal
             scope[TOKEN_SCOPE_KEY] = token
-        if principal is None:
+        metered = principal
+        if metered is None and scope["path"] == "/message":
+            # Legacy SSE posts carry no credential; they count against the key that opened the stream.
+            session = self._sse_session(scope)
+            metered = session.principal if session is not None else None
+        if metered is None:
             client = scope.get("client")
             allowed, retry = await self.state.limiter.hit("ip", client[0] if client else "unknown", settings.ip_rate_limit_per_min)
-        elif principal.key_id is not None:
-            allowed, retry = await self.state.limiter.hit("key", principal.key_id, settings.key_rate_limit_per_min)
+        elif metered.key_id is not None:
+            allowed, retry = await self.state.limiter.hit("key", metered.key_id, settings.key_rate_limit_per_min)
         else:  # the master key is the operator's, not a tenant's; it is not metered
             allowed, retry = True, 0
         if not allowed:
@@ -83,6 +88,12 @@ class GatewayEdge:
         if scope["path"] == "/mcp" and principal is not None:
             send = await self._mcp(scope, body, principal, token, send)
         await self.app(scope, receive, send)
+
+    def _sse_session(self, scope: Scope) -> Any:
+        registry = getattr(self.state, "registry", None)
+        query = parse_qs(scope.get("query_string", b"").decode())
+        values = query.get("sessionId") or query.get("session_id")
+        return registry.get(values[0]) if registry is not None and values else None
 
     async def _read_body(self, scope: Scope, receive: Receive, limit: int) -> bytes:
         length = Headers(scope=scope).get("content-length")

