@@ -17,7 +17,7 @@ from mcp.server.sse import SseServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.datastructures import Headers
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse
 from starlette.types import Message, Receive, Scope, Send
 
 from services.gateway import modes
@@ -166,6 +166,3 @@ def _endpoint_as_seed(send: Send) -> Send:
 
     return rewrite
 
-
-async def empty_response(scope: Scope, receive: Receive, send: Send) -> None:
-    await Response(status_code=204)(scope, receive, send)

@@ -9,15 +9,13 @@ import json
 from typing import Any
 
 import httpx
-import pytest
 import redis.asyncio as aioredis
 from mcp import ClientSession
 from mcp.client.sse import sse_client
-from mcp.shared.exceptions import MCPError
 
 from tests.gateway.conftest import Gateway
 from tests.gateway.wire import RawMcp, db, wait_for
-from tests.support import Stack, call, create_api_key, payload, unique
+from tests.support import Stack, call, create_api_key, unique
 
 
 async def active_session(mcp: RawMcp) -> dict[str, Any]:
