@@ -10,6 +10,7 @@ from typing import Any
 
 import asyncpg
 
+from services.maintenance import fsck as fsck_service
 from services.maintenance import reflect, service
 from services.maintenance.celery_app import app
 from services.maintenance.runtime import runtime
@@ -61,3 +62,17 @@ def reflect_sweep() -> int:
     for kwargs in pending:
         auto_reflect.apply_async(kwargs=kwargs)
     return len(pending)
+
+
+@app.task(name="maintenance.fsck", autoretry_for=RETRYABLE, **RETRY)
+def fsck(run_id: int | None = None, tenant: str | None = None, incremental: bool = False) -> dict[str, Any]:
+    """A memory check for review (admin API); issues are kept, nothing is applied."""
+    rt = runtime()
+    return rt.run(lambda _pool: fsck_service.run_fsck(rt, run_id=run_id, tenant=tenant, incremental=incremental, auto_apply=False))
+
+
+@app.task(name="maintenance.auto_fsck", autoretry_for=RETRYABLE, **RETRY)
+def auto_fsck(run_id: int | None = None, tenant: str | None = None) -> dict[str, Any]:
+    """Incremental check that applies fixes above FSCK_AUTO_MIN_CONFIDENCE / _SEVERITY."""
+    rt = runtime()
+    return rt.run(lambda _pool: fsck_service.run_fsck(rt, run_id=run_id, tenant=tenant, incremental=True, auto_apply=True))

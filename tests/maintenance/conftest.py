@@ -29,7 +29,8 @@ from tests.support import Stack, new_stack_config
 
 @dataclass
 class FakeLLM:
-    """Chat completions: CONTRADICT for contradiction checks, a fixed narrative otherwise."""
+    """Chat completions: CONTRADICT for contradiction checks, YES/NO for injection checks,
+    a fixed narrative otherwise."""
 
     requests: list[dict[str, Any]] = field(default_factory=list)
     narrative: str = "LLM narrative: the session chose the retry policy and fixed the flaky deploy."
@@ -48,7 +49,12 @@ class FakeLLM:
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 fake.requests.append({"path": self.path, "body": body, "auth": self.headers.get("authorization")})
                 system = body["messages"][0]["content"]
-                answer = "CONTRADICT" if "CONTRADICT" in system else fake.narrative
+                if "CONTRADICT" in system:
+                    answer = "CONTRADICT"
+                elif "prompt injection" in system:
+                    answer = "YES" if "instructions" in body["messages"][1]["content"] else "NO"
+                else:
+                    answer = fake.narrative
                 reply = json.dumps({"choices": [{"message": {"role": "assistant", "content": answer}}]}).encode()
                 self.send_response(200)
                 self.send_header("content-type", "application/json")

@@ -1,0 +1,144 @@
+"""fsck: the fragments to check, the issues found (kept for review), and applying fixes.
+
+Applying lives here (not in the worker) because the admin API applies selected fixes
+directly; every action is re-checked against the issue's tenant before it touches a row.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+
+from shared.domain.fragment import content_hash
+from shared.domain.fsck import Issue
+from shared.domain.principal import SqlParams
+from shared.repositories.maintenance import Tenant
+
+
+async def fragments_to_check(conn: asyncpg.Connection, tenant: Tenant, *, incremental: bool, limit: int) -> list[asyncpg.Record]:
+    params = SqlParams()
+    scope = tenant.clause(params)
+    changed = " AND (f.checked_at IS NULL OR f.updated_at > f.checked_at)" if incremental else ""
+    return await conn.fetch(
+        f"""
+        SELECT f.id, f.key_id, f.content, f.topic, f.type, f.keywords, f.is_anchor, f.importance
+        FROM fragments f WHERE {scope} AND f.valid_to IS NULL{changed}
+        ORDER BY f.created_at LIMIT {params.add(limit)}
+        """,
+        *params.values,
+    )
+
+
+async def mark_checked(conn: asyncpg.Connection, ids: list[str]) -> None:
+    if ids:
+        await conn.execute("UPDATE fragments SET checked_at = now() WHERE id = ANY($1::text[])", ids)
+
+
+async def open_contradictions(conn: asyncpg.Connection, ids: list[str]) -> list[asyncpg.Record]:
+    """contradicts links between two live fragments of one key touching the checked ones."""
+    return await conn.fetch(
+        """
+        SELECT l.from_id, l.to_id, l.weight, n.key_id, n.content AS new_content, o.content AS old_content
+        FROM fragment_links l JOIN fragments n ON n.id = l.from_id JOIN fragments o ON o.id = l.to_id
+        WHERE l.relation_type = 'contradicts' AND (l.from_id = ANY($1::text[]) OR l.to_id = ANY($1::text[]))
+          AND n.valid_to IS NULL AND o.valid_to IS NULL AND n.key_id IS NOT DISTINCT FROM o.key_id
+        """,
+        ids,
+    )
+
+
+async def insert_issues(conn: asyncpg.Connection, run_id: int, issues: list[tuple[str | None, Issue]]) -> None:
+    if issues:
+        await conn.executemany(
+            """
+            INSERT INTO fsck_issues (run_id, key_id, issue_type, severity, confidence, fragment_ids, reason, actions)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8::jsonb)
+            """,
+            [(run_id, key_id, i.issue_type, i.severity, i.confidence, i.fragment_ids, i.reason, json.dumps(i.actions))
+             for key_id, i in issues],
+        )
+
+
+async def issues_of_run(conn: asyncpg.Connection, run_id: int) -> list[dict[str, Any]]:
+    rows = await conn.fetch("SELECT * FROM fsck_issues WHERE run_id = $1 ORDER BY id", run_id)
+    return [
+        {
+            "id": r["id"], "keyId": r["key_id"], "type": r["issue_type"], "severity": r["severity"],
+            "confidence": round(float(r["confidence"]), 3), "fragmentIds": list(r["fragment_ids"]),
+            "reason": r["reason"], "actions": json.loads(r["actions"]) if isinstance(r["actions"], str) else r["actions"],
+            "status": r["status"], "appliedAt": r["applied_at"].isoformat() if r["applied_at"] else None,
+        }
+        for r in rows
+    ]
+
+
+class FixRefused(Exception):
+    """An action that would touch another tenant's fragment, or a fragment that is gone."""
+
+
+async def _apply_action(conn: asyncpg.Connection, key_id: str | None, action: dict[str, Any]) -> None:
+    row = await conn.fetchrow("SELECT id, key_id FROM fragments WHERE id = $1 FOR UPDATE", action["id"])
+    if row is None or row["key_id"] != key_id:
+        raise FixRefused(f"fragment {action['id']} is gone or not this tenant's")
+    kind = action["action"]
+    if kind == "delete":
+        await conn.execute("DELETE FROM fragments WHERE id = $1", action["id"])
+    elif kind == "supersede":
+        by = await conn.fetchrow("SELECT key_id FROM fragments WHERE id = $1", action["by"])
+        if by is None or by["key_id"] != key_id:
+            raise FixRefused(f"fragment {action['by']} is gone or not this tenant's")
+        await conn.execute(
+            "UPDATE fragments SET valid_to = now(), superseded_by = $2, updated_at = now() WHERE id = $1 AND valid_to IS NULL",
+            action["id"], action["by"],
+        )
+        await conn.execute(
+            """INSERT INTO fragment_links (from_id, to_id, relation_type, weight, key_id)
+               VALUES ($1, $2, 'superseded_by', 1, $3) ON CONFLICT DO NOTHING""",
+            action["id"], action["by"], key_id,
+        )
+    elif kind == "update":
+        if "content" in action:
+            # New text: new hash and full-text vector; the embedding is cleared so the
+            # backfill stage re-embeds it (a stale vector would find the old text).
+            await conn.execute(
+                """
+                UPDATE fragments SET content = $2, content_hash = $3, embedding = NULL, updated_at = now(),
+                    search_tsv = setweight(to_tsvector('english', $2), 'B')
+                        || setweight(to_tsvector('simple', topic || ' ' || array_to_string(keywords, ' ')), 'A')
+                WHERE id = $1
+                """,
+                action["id"], action["content"], content_hash(action["content"]),
+            )
+        for column in ("keywords", "topic", "type"):
+            if column in action:
+                await conn.execute(f"UPDATE fragments SET {column} = $2, updated_at = now() WHERE id = $1", action["id"], action[column])
+    else:
+        raise FixRefused(f"unknown action {kind!r}")
+
+
+async def apply_issues(conn: asyncpg.Connection, run_id: int, issue_ids: list[int] | None) -> dict[str, Any]:
+    """Apply the selected open issues of a run (all open ones when issue_ids is None), each
+    in its own savepoint: a refused fix is marked failed, the others still apply."""
+    if issue_ids is None:
+        rows = await conn.fetch("SELECT * FROM fsck_issues WHERE run_id = $1 AND status = 'open' ORDER BY id", run_id)
+    else:
+        rows = await conn.fetch(
+            "SELECT * FROM fsck_issues WHERE run_id = $1 AND id = ANY($2::bigint[]) AND status = 'open' ORDER BY id",
+            run_id, issue_ids,
+        )
+    applied, failed = [], []
+    for row in rows:
+        actions = json.loads(row["actions"]) if isinstance(row["actions"], str) else row["actions"]
+        try:
+            async with conn.transaction():
+                for action in actions:
+                    await _apply_action(conn, row["key_id"], action)
+        except FixRefused as exc:
+            failed.append({"id": row["id"], "error": str(exc)})
+            await conn.execute("UPDATE fsck_issues SET status = 'failed' WHERE id = $1", row["id"])
+            continue
+        applied.append(row["id"])
+        await conn.execute("UPDATE fsck_issues SET status = 'applied', applied_at = now() WHERE id = $1", row["id"])
+    return {"applied": applied, "failed": failed}
