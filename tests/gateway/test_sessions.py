@@ -243,3 +243,17 @@ async def test_idle_session_expires_and_is_reflected(stack: Stack, limited_gatew
         assert await wait_for(ended, timeout=30) == "session_end"
         assert {"session_id": segment, "key_id": None, "reason": "session_end"} in await reflect_jobs(stack, 1)
         assert (await mcp.request("tools/list")).status_code == 404
+
+
+async def test_get_opens_the_server_push_stream(stack: Stack) -> None:
+    async with httpx.AsyncClient(timeout=30) as http:
+        mcp = RawMcp(http, stack.mcp_url, stack.master_key)
+        await mcp.initialize()
+        headers = {**mcp._headers(), "Accept": "text/event-stream"}  # noqa: SLF001
+        async with http.stream("GET", stack.mcp_url, headers=headers) as stream:
+            assert stream.status_code == 200
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            assert stream.headers["mcp-session-id"] == mcp.session_id
+        no_auth = await http.get(stack.mcp_url, headers={"Accept": "text/event-stream", "mcp-session-id": mcp.session_id or ""})
+        assert no_auth.status_code == 401
+        assert (await mcp.delete()).status_code == 200
