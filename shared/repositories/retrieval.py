@@ -20,6 +20,11 @@ BM25_B = 0.4
 # A term in more rows than this is counted as this many: its IDF is near zero anyway, and
 # counting stops early instead of walking a huge posting list.
 DF_CAP = 5000
+# Terms in more rows than this still score but do not generate candidates (unless fewer than
+# MIN_MATCH_TERMS terms are rarer): a word in 5% of a 100k store would otherwise drag tens of
+# thousands of rows through ranking for little IDF. A 400-turn conversation never reaches it.
+MATCH_DF_CAP = 2000
+MIN_MATCH_TERMS = 3
 # Full-text matches pre-ranked by ts_rank before BM25 scores them (bounds the work when a
 # common term matches a large share of a 100k store).
 PRE_RANK = 400
@@ -64,7 +69,12 @@ async def lexical_search(
             ) AS df FROM terms
         ),
         q AS (SELECT term, ln(1 + ({n}::float8 - df + 0.5) / (df + 0.5)) AS idf FROM df WHERE df > 0),
-        tq AS (SELECT to_tsquery('simple', string_agg(quote_literal(term), ' | ')) AS query FROM q),
+        tq AS (
+            SELECT to_tsquery('simple', string_agg(quote_literal(term), ' | ')) AS query FROM (
+                SELECT term FROM df WHERE df > 0 ORDER BY df
+                LIMIT greatest((SELECT count(*) FROM df WHERE df > 0 AND df < {params.add(MATCH_DF_CAP)}), {MIN_MATCH_TERMS})
+            ) rare
+        ),
         m AS MATERIALIZED (
             SELECT f.id, f.search_tsv FROM fragments f, tq
             WHERE tq.query IS NOT NULL AND f.search_tsv @@ tq.query AND {where}
