@@ -49,7 +49,8 @@ class CycleContext:
     _pairs: list[SimilarPair] | None = None
     _new_ids: list[str] = field(default_factory=list)
     merged_away: set[str] = field(default_factory=set)
-    scan_limit: int = 20_000
+    # New fragments one cycle compares with their groups (each is then stamped consolidated_at).
+    scan_limit: int = 10_000
 
     async def pairs(self) -> list[SimilarPair]:
         """One similarity scan per cycle, shared by the stages that need it."""
@@ -223,9 +224,10 @@ async def _anomaly_scan(ctx: CycleContext, conn: asyncpg.Connection, limit: int)
 # well under 30 s on 2 cores; a backlog larger than a limit drains over the next cycles.
 STAGES: tuple[Stage, ...] = (
     Stage("embedding_backfill", _backfill, 2_000, "embed fragments stored without an embedding"),
-    Stage("ttl_tiers", _tiers, 50_000, "move fragments between hot / warm / cold / permanent"),
-    Stage("importance_decay", _decay, 50_000, "decay importance by type half-life since last decay; anchors exempt"),
-    Stage("activation_decay", _activation, 50_000, "decay ema_activation since last decay or access"),
+    # Decay before tiers: the tier rules read the decayed importance, so a rerun is a no-op.
+    Stage("importance_decay", _decay, 20_000, "decay importance by type half-life since last decay; anchors exempt"),
+    Stage("activation_decay", _activation, 20_000, "decay ema_activation since last decay or access"),
+    Stage("ttl_tiers", _tiers, 20_000, "move fragments between hot / warm / cold / permanent"),
     Stage("expiry_gc", _gc, 500, "delete cold, idle, low-utility fragments past the grace period"),
     Stage("exact_dedup", _exact, 5_000, "merge live fragments with identical content (same key, workspace)"),
     Stage("semantic_dedup", _semantic, 2_000, "merge near-duplicates within key+workspace+topic behind the safety gate"),

@@ -42,8 +42,12 @@ HALF_LIFE_DAYS: dict[str, float] = {
     "episode": 30.0,
 }
 IMPORTANCE_FLOOR = 0.05
-# Below this gap since the last decay, a rerun does nothing (and writes nothing).
+# Below this gap since the last decay, a rerun does nothing (and writes nothing) ...
 MIN_DECAY_STEP = timedelta(hours=1)
+# ... and a row is rewritten only once its importance would drop by this much (a 0.5 fact
+# reaches it after ~2.6 days): each write of a ~2 KB row with a 384-d vector is rarely a HOT
+# update, and a non-HOT one costs an HNSW insert (~1 ms).
+MIN_DECAY_DELTA = 0.01
 
 # ema_activation (raised by recall hits) halves each week without use.
 ACTIVATION_HALF_LIFE_DAYS = 7.0

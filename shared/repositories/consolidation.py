@@ -61,6 +61,12 @@ async def decay_importance(conn: asyncpg.Connection, tenant: Tenant, limit: int)
             SELECT f.id FROM fragments f
             WHERE {scope} AND NOT f.is_anchor AND f.importance > {floor}
               AND coalesce(f.last_decay_at, f.created_at) < now() - {step}::interval
+              -- Only rows whose importance drops by at least MIN_DECAY_DELTA: decay counts from
+              -- last_decay_at, so a skipped small step is not lost, and a steady-state cycle
+              -- rewrites a few percent of the table instead of all of it.
+              AND f.importance * (1 - power(0.5,
+                    extract(epoch FROM now() - coalesce(f.last_decay_at, f.created_at)) / 86400.0
+                    / {lc.half_life_case_sql('f')})) >= {params.add(lc.MIN_DECAY_DELTA)}
             ORDER BY coalesce(f.last_decay_at, f.created_at)
             LIMIT {params.add(limit)}
         )

@@ -137,3 +137,34 @@ async def test_closing_an_mcp_session_reflects_it(mstack, db) -> None:
     assert session, "the gateway's session end did not lead to a reflection"
     stored = await db.fetch("SELECT type FROM fragments WHERE session_id = $1 AND topic = 'session_reflect'", session["id"])
     assert "episode" in {r["type"] for r in stored}
+
+
+async def test_a_run_survives_its_worker_process_being_killed(mstack, db, embedder, producer) -> None:
+    """acks_late + reject_on_worker_lost: SIGKILL the pool process mid-run, the task is
+    redelivered, the new process takes over the same run row and finishes it, once."""
+    import os
+    import signal
+
+    import psutil
+
+    from shared.jobs import QUEUE_MAINTENANCE as queue
+
+    _, key = await new_key(mstack.database_url)
+    ids = [await add_fragment(db, embedder, f"Backfill item {i}: the {i}th service listens on port {8000 + i}.",
+                              key_id=key, embed=False) for i in range(400)]
+    run_id = await db.fetchval(
+        "INSERT INTO maintenance_runs (job, tenant, status) VALUES ('consolidate', $1, 'queued') RETURNING id", f"key:{key}"
+    )
+    await asyncio.to_thread(producer.send_task, "maintenance.consolidate",
+                            kwargs={"run_id": run_id, "tenant": f"key:{key}", "stages": ["embedding_backfill"]}, queue=queue)
+    assert await wait_for(lambda: db.fetchval("SELECT status = 'running' FROM maintenance_runs WHERE id = $1", run_id), timeout=60)
+    worker = psutil.Process(mstack.processes["worker"].process.pid)
+    children = worker.children(recursive=True)
+    assert children, "no pool process to kill"
+    for child in children:
+        os.kill(child.pid, signal.SIGKILL)
+    done = await wait_for(lambda: db.fetchval(
+        "SELECT status FROM maintenance_runs WHERE id = $1 AND status NOT IN ('queued', 'running')", run_id), timeout=180)
+    assert done == "succeeded"
+    missing = await db.fetchval("SELECT count(*) FROM fragments WHERE id = ANY($1::text[]) AND embedding IS NULL", ids)
+    assert missing == 0
