@@ -45,6 +45,9 @@ app.conf.update(
     task_ignore_result=True,
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
+    # Pool processes log through shared.telemetry's handler (cid + trace id on each line);
+    # with Celery's stdout redirection that handler would write into Celery's own logger.
+    worker_redirect_stdouts=False,
     beat_schedule=beat_schedule(settings),
 )
 

@@ -254,9 +254,10 @@ async def run_cycle(ctx: CycleContext, only: list[str] | None = None) -> dict[st
         try:
             async with ctx.pool.acquire() as conn, conn.transaction():
                 result = await stage.run(ctx, conn, stage.limit)
+        except asyncpg.PostgresConnectionError:
+            raise  # the connection is gone: the task retries with backoff
         except (asyncpg.PostgresError, ValueError, RuntimeError) as exc:
-            # One stage's failure is reported and the cycle goes on; connection loss
-            # (InterfaceError, OSError) propagates and the task retries.
+            # One stage's failure is reported and the cycle goes on.
             logger.exception("consolidation stage %s failed", stage.name)
             STAGE_FAILURES.labels(stage.name).inc()
             failed.append(stage.name)
