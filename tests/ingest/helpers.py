@@ -53,3 +53,25 @@ async def wait_job(session: ClientSession, job_id: str, states: tuple[str, ...] 
         if status.get("state") in states or loop.time() > deadline:
             return status
         await asyncio.sleep(0.3)
+
+
+async def principal_of(database_url: str, raw_key: str) -> dict[str, Any]:
+    from shared.repositories import keys as keys_repo
+
+    async with db(database_url) as conn:
+        principal = await keys_repo.principal_for_raw_key(conn, raw_key)
+    assert principal is not None
+    return principal.to_wire()
+
+
+async def ingest_call(stack: Any, principal: dict[str, Any], tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """A call on ingest's internal API, as the gateway or the batch worker makes it."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=60) as http:
+        response = await http.post(
+            f"{stack.ingest_url}/v1/tools/{tool}",
+            json={"arguments": arguments, "principal": principal, "session": None},
+            headers={"x-engram-service-token": stack.service_token},
+        )
+    return response.json()
