@@ -80,11 +80,27 @@ async def bulk_load(database_url: str, memories: list, namespace: str, embed_sha
     return ids, time.perf_counter() - began
 
 
-async def run(target: Target, database_url: str, n: int, count: int, seed: int, embed_share: float) -> None:
+async def loaded_ids(database_url: str, memories: list, namespace: str) -> list[str | None]:
+    """Ids of an earlier load of the same corpus (same seed) under `namespace`."""
+    conn = await asyncpg.connect(database_url, server_settings={"search_path": SEARCH_PATH})
+    try:
+        rows = await conn.fetch("SELECT id, workspace, content FROM fragments WHERE workspace LIKE $1 || '-%'", namespace)
+    finally:
+        await conn.close()
+    by_key = {(r["workspace"], r["content"]): r["id"] for r in rows}
+    return [by_key.get((scoped(m.fragment, namespace)["workspace"], m.fragment["content"])) for m in memories]
+
+
+async def run(target: Target, database_url: str, n: int, count: int, seed: int, embed_share: float, reuse: str | None) -> None:
     memories = generate(n, seed=seed)
-    namespace = run_namespace(f"recall{n}")
-    ids, seconds = await bulk_load(database_url, memories, namespace, embed_share)
-    print(f"bulk-loaded {n} fragments in {seconds:.0f} s ({embed_share:.0%} embedded by the model)", flush=True)
+    if reuse:
+        namespace = reuse
+        ids = await loaded_ids(database_url, memories, namespace)
+        print(f"reusing {sum(1 for i in ids if i)} fragments of {namespace}", flush=True)
+    else:
+        namespace = run_namespace(f"recall{n}")
+        ids, seconds = await bulk_load(database_url, memories, namespace, embed_share)
+        print(f"bulk-loaded {n} fragments into {namespace} in {seconds:.0f} s ({embed_share:.0%} embedded by the model)", flush=True)
     suites = {
         "text": text_queries(memories, WARMUP + count, seed=seed + 1),
         "keyword": keyword_queries(memories, WARMUP + count, seed=seed + 2),
@@ -114,8 +130,9 @@ def main() -> None:
     parser.add_argument("--embed-share", type=float, default=1.0,
                         help="share of fragments the model embeds; the rest get perturbed copies (faster load, "
                              "same vector distribution; hit@10 then only counts for model-embedded targets)")
+    parser.add_argument("--reuse", metavar="NAMESPACE", help="time queries against an earlier load instead of loading")
     args = parser.parse_args()
-    asyncio.run(run(Target(args.url, args.key), args.database_url, args.n, args.queries, args.seed, args.embed_share))
+    asyncio.run(run(Target(args.url, args.key), args.database_url, args.n, args.queries, args.seed, args.embed_share, args.reuse))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -45,7 +46,8 @@ def create_app(settings: ReadSettings | None = None) -> FastAPI:
             Redis.from_url(settings.redis_url, socket_connect_timeout=2, socket_timeout=5)
             if settings.redis_active else None
         )
-        effects = SideEffects(pool, redis, replica=f"recall-{settings.port}")
+        # Pod name (k8s) or host, plus port (several replicas on one dev host).
+        effects = SideEffects(pool, redis, replica=f"{socket.gethostname()}-{settings.port}")
         app.state.settings = settings
         app.state.resources = ReadResources(
             pool=pool, embedder=embedder, tokens=tokens, settings=settings, effects=effects, redis=redis

@@ -24,6 +24,10 @@ from shared.repositories import events as events_repo
 logger = logging.getLogger(__name__)
 
 QUEUE = "engram:recall:effects"
+ALIVE = "engram:recall:effects:alive:{replica}"
+# A replica that has not refreshed its heartbeat for this long is gone: its unfinished batch
+# goes back on the shared queue for the others.
+HEARTBEAT_TTL_S = 30
 # Up to this many effects per transaction; a burst of 200 recalls drains in a few batches.
 BATCH = 200
 
@@ -32,7 +36,8 @@ class SideEffects:
     def __init__(self, pool: asyncpg.Pool, redis: Any | None, replica: str) -> None:
         self._pool = pool
         self._redis = redis
-        self._processing = f"{QUEUE}:processing:{replica or socket.gethostname()}"
+        self._replica = replica or socket.gethostname()
+        self._processing = f"{QUEUE}:processing:{self._replica}"
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         # The loop and an explicit flush share one processing list: one batch at a time.
@@ -106,12 +111,28 @@ class SideEffects:
             try:
                 async with self._lock:
                     await self._flush_processing()
+                beats = 0
                 while not self._stopping.is_set():
-                    if not await self.drain_once(wait=0.25):
-                        continue
+                    if beats % 40 == 0:  # every ~10 s when idle
+                        await self._heartbeat_and_adopt()
+                    beats += 1
+                    await self.drain_once(wait=0.25)
             except (RedisError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
                 logger.exception("recall effects drainer failed; retrying")
                 await asyncio.sleep(1.0)
+
+    async def _heartbeat_and_adopt(self) -> None:
+        await self._redis.set(ALIVE.format(replica=self._replica), "1", ex=HEARTBEAT_TTL_S)
+        async for name in self._redis.scan_iter(match=f"{QUEUE}:processing:*", count=100):
+            name = name.decode() if isinstance(name, bytes) else name
+            owner = name.rsplit(":", 1)[-1]
+            if name == self._processing or await self._redis.exists(ALIVE.format(replica=owner)):
+                continue
+            moved = 0
+            while await self._redis.lmove(name, QUEUE, "RIGHT", "LEFT") is not None:
+                moved += 1
+            if moved:
+                logger.warning("re-queued %d recall effects left by replica %s", moved, owner)
 
     async def stop(self) -> None:
         self._stopping.set()

@@ -103,10 +103,11 @@ async def test_suggestion_rules_in_order(stack: Stack, mcp_url: str) -> None:
         assert "suggestion" not in (await call(s, "recall", {"text": "invoice pdf owner", "type": "fact"}))["_meta"]
 
 
-async def test_cache_never_serves_forgotten_or_amended(mcp_url: str, master_key: str) -> None:
+async def test_cache_never_serves_forgotten_or_amended(stack: Stack, mcp_url: str) -> None:
+    key, _ = await create_api_key(stack.database_url)
     ws = unique()
     marker = unique("cachetest")
-    async with mcp_session(mcp_url, master_key) as s:
+    async with mcp_session(mcp_url, key) as s:
         a = await call(s, "remember", {"content": f"The {marker} job exports metrics hourly.", "topic": "jobs", "type": "fact", "workspace": ws})
         b = await call(s, "remember", {"content": f"The {marker} job was written in Go.", "topic": "jobs", "type": "fact", "workspace": ws})
         q = {"keywords": [marker], "workspace": ws}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from tests.support import call, mcp_session, unique
+from tests.support import Stack, call, create_api_key, mcp_session, unique
 
 
 async def _store(s, ws: str, items: list[dict]) -> list[str]:  # type: ignore[no-untyped-def]
@@ -13,9 +13,10 @@ async def _store(s, ws: str, items: list[dict]) -> list[str]:  # type: ignore[no
     return [r["id"] for r in reply["results"]]
 
 
-async def test_text_uses_lexical_and_semantic_layers(mcp_url: str, master_key: str) -> None:
+async def test_text_uses_lexical_and_semantic_layers(stack: Stack, mcp_url: str) -> None:
     ws = unique()
-    async with mcp_session(mcp_url, master_key) as s:
+    key, _ = await create_api_key(stack.database_url, name=(key_name := unique("key")))
+    async with mcp_session(mcp_url, key) as s:
         ids = await _store(s, ws, [
             {"content": "The billing service retries failed Stripe charges three times.", "topic": "billing", "type": "fact"},
             {"content": "Our on-call rotation hands over every Monday at 10:00.", "topic": "oncall", "type": "fact"},
@@ -30,9 +31,10 @@ async def test_text_uses_lexical_and_semantic_layers(mcp_url: str, master_key: s
         assert ids[2] in [f["id"] for f in kw["fragments"]]
 
 
-async def test_korean_particles_do_not_block_matches(mcp_url: str, master_key: str) -> None:
+async def test_korean_particles_do_not_block_matches(stack: Stack, mcp_url: str) -> None:
     ws = unique()
-    async with mcp_session(mcp_url, master_key) as s:
+    key, _ = await create_api_key(stack.database_url, name=(key_name := unique("key")))
+    async with mcp_session(mcp_url, key) as s:
         ids = await _store(s, ws, [
             {"content": "배포 서버가 새벽마다 재시작된다.", "topic": "deploy", "type": "fact"},
             {"content": "점심 메뉴는 김치찌개였다.", "topic": "lunch", "type": "fact"},
@@ -44,9 +46,10 @@ async def test_korean_particles_do_not_block_matches(mcp_url: str, master_key: s
         assert found["fragments"][0]["id"] == ids[0]
 
 
-async def test_neighbouring_turns_and_include_context(mcp_url: str, master_key: str) -> None:
+async def test_neighbouring_turns_and_include_context(stack: Stack, mcp_url: str) -> None:
     ws = unique()
-    async with mcp_session(mcp_url, master_key) as s:
+    key, _ = await create_api_key(stack.database_url, name=(key_name := unique("key")))
+    async with mcp_session(mcp_url, key) as s:
         ids = await _store(s, ws, [
             {"content": "Alice: I finally adopted a dog last weekend.", "topic": "chat", "type": "episode"},
             {"content": "Bob: What breed is it?", "topic": "chat", "type": "episode"},
@@ -62,9 +65,11 @@ async def test_neighbouring_turns_and_include_context(mcp_url: str, master_key: 
         assert {"target", "pre", "post", "causal"} <= set(stitched[0]["stitched_context"])
 
 
-async def test_filters(mcp_url: str, master_key: str) -> None:
+async def test_filters(stack: Stack, mcp_url: str) -> None:
+    # A tenant of its own: the master key would also see every other test's global fragments.
+    key, _ = await create_api_key(stack.database_url)
     ws = unique()
-    async with mcp_session(mcp_url, master_key) as s:
+    async with mcp_session(mcp_url, key) as s:
         err = await call(s, "remember", {"content": "Kafka consumer lag alert fired for the orders topic.", "topic": "kafka", "type": "error",
                                           "workspace": ws, "importance": 0.9, "affect": "frustration", "caseId": "case-k", "phase": "debugging",
                                           "resolutionStatus": "open", "isAnchor": True, "agentId": "agent-a"})
@@ -104,9 +109,10 @@ async def test_filters(mcp_url: str, master_key: str) -> None:
         assert await ids(asOf="2000-01-01T00:00:00Z") == set()
 
 
-async def test_superseded_and_fields_and_keyname(mcp_url: str, master_key: str) -> None:
+async def test_superseded_and_fields_and_keyname(stack: Stack, mcp_url: str) -> None:
     ws = unique()
-    async with mcp_session(mcp_url, master_key) as s:
+    key, _ = await create_api_key(stack.database_url, name=(key_name := unique("key")))
+    async with mcp_session(mcp_url, key) as s:
         old = await call(s, "remember", {"content": "The staging database lives on db-stage-1.", "topic": "db", "type": "fact", "workspace": ws})
         new = await call(s, "remember", {"content": "The staging database moved to db-stage-2.", "topic": "db", "type": "fact",
                                           "workspace": ws, "supersedes": [old["id"]]})
@@ -116,15 +122,16 @@ async def test_superseded_and_fields_and_keyname(mcp_url: str, master_key: str) 
         sparse = await call(s, "recall", {**base, "fields": ["id", "importance"]})
         assert all(set(f) == {"id", "importance"} for f in sparse["fragments"])
         named = await call(s, "recall", {**base, "includeKeyName": True, "includeKeywords": True})
-        assert named["fragments"][0]["key_name"] == "master" and "key_id" in named["fragments"][0]
+        assert named["fragments"][0]["key_name"] == key_name and "key_id" in named["fragments"][0]
         assert "keywords" in named["fragments"][0]
         assert "keywords" not in (await call(s, "recall", base))["fragments"][0]
         assert new["id"] == (await call(s, "recall", base))["fragments"][0]["id"]
 
 
-async def test_links_case_mode_and_pagination(mcp_url: str, master_key: str) -> None:
+async def test_links_case_mode_and_pagination(stack: Stack, mcp_url: str) -> None:
     ws = unique()
-    async with mcp_session(mcp_url, master_key) as s:
+    key, _ = await create_api_key(stack.database_url, name=(key_name := unique("key")))
+    async with mcp_session(mcp_url, key) as s:
         err = await call(s, "remember", {"content": "nginx returns 502 Bad Gateway on the checkout route.", "topic": "nginx", "type": "error",
                                           "workspace": ws, "caseId": "case-502", "goal": "fix the 502"})
         fix = await call(s, "remember", {"content": "Pointed the nginx upstream at port 15001 which fixed the 502.", "topic": "nginx",
