@@ -12,7 +12,14 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from shared.db import SEARCH_PATH
-from tests.support import Stack, call, mcp_session, new_stack_config, unique
+from tests.support import Stack, call, create_api_key, mcp_session, unique
+
+
+@pytest.fixture
+async def tenant_key(stack: Stack) -> str:
+    """A fresh tenant per test: results are exact, whatever other tests stored globally."""
+    raw, _key_id = await create_api_key(stack.database_url, permissions=["read", "write"])
+    return raw
 
 
 DISTRACTORS = [
@@ -23,9 +30,9 @@ DISTRACTORS = [
 ]
 
 
-async def test_remember_then_recall_by_meaning_and_keyword(mcp_url: str, master_key: str) -> None:
+async def test_remember_then_recall_by_meaning_and_keyword(mcp_url: str, tenant_key: str) -> None:
     ws = unique()
-    async with mcp_session(mcp_url, master_key) as s:
+    async with mcp_session(mcp_url, tenant_key) as s:
         for text in DISTRACTORS:
             await call(s, "remember", {"content": text, "topic": "ops", "type": "fact", "workspace": ws})
         stored = await call(
@@ -49,10 +56,10 @@ async def test_remember_then_recall_by_meaning_and_keyword(mcp_url: str, master_
         assert "L3kw" in by_keyword["searchPath"]
 
 
-async def test_workspace_filter_holds(mcp_url: str, master_key: str) -> None:
+async def test_workspace_filter_holds(mcp_url: str, tenant_key: str) -> None:
     ws_a, ws_b = unique("a"), unique("b")
     marker = unique("zebra")
-    async with mcp_session(mcp_url, master_key) as s:
+    async with mcp_session(mcp_url, tenant_key) as s:
         in_a = await call(s, "remember", {"content": f"Project {marker} uses Kafka for the event bus.", "topic": "arch", "type": "decision", "workspace": ws_a})
         in_b = await call(s, "remember", {"content": f"Project {marker} uses RabbitMQ for the event bus.", "topic": "arch", "type": "decision", "workspace": ws_b})
         got_a = await call(s, "recall", {"keywords": [marker], "workspace": ws_a})
@@ -64,7 +71,7 @@ async def test_workspace_filter_holds(mcp_url: str, master_key: str) -> None:
     assert all(f["workspace"] in (ws_a, None) for f in got_a["fragments"])
 
 
-async def test_batch_ids_map_to_inputs(mcp_url: str, master_key: str) -> None:
+async def test_batch_ids_map_to_inputs(mcp_url: str, tenant_key: str) -> None:
     ws = unique()
     items = [
         {"content": f"Service number {i} listens on port {9000 + i} behind the load balancer.", "topic": "ports", "type": "fact"}
@@ -73,7 +80,7 @@ async def test_batch_ids_map_to_inputs(mcp_url: str, master_key: str) -> None:
     items.insert(2, {"content": "x" * 4001, "topic": "ports", "type": "fact"})
     items.insert(4, {"content": "too short", "topic": "ports", "type": "fact"})
     items.append({"topic": "ports", "type": "fact"})
-    async with mcp_session(mcp_url, master_key) as s:
+    async with mcp_session(mcp_url, tenant_key) as s:
         reply = await call(s, "batch_remember", {"fragments": items, "workspace": ws})
         results = reply["results"]
         assert len(results) == len(items)
@@ -91,10 +98,10 @@ async def test_batch_ids_map_to_inputs(mcp_url: str, master_key: str) -> None:
             assert port in found["fragments"][0]["content"]
 
 
-async def test_forget_removes(mcp_url: str, master_key: str) -> None:
+async def test_forget_removes(mcp_url: str, tenant_key: str) -> None:
     ws = unique()
     marker = unique("walrus")
-    async with mcp_session(mcp_url, master_key) as s:
+    async with mcp_session(mcp_url, tenant_key) as s:
         stored = await call(s, "remember", {"content": f"The {marker} cron job rotates logs nightly at 02:00.", "topic": "cron", "type": "fact", "workspace": ws})
         assert (await call(s, "recall", {"keywords": [marker], "workspace": ws}))["count"] == 1
         gone = await call(s, "forget", {"id": stored["id"]})
@@ -109,9 +116,9 @@ async def test_forget_removes(mcp_url: str, master_key: str) -> None:
         assert missing.value.error.code == -32602
 
 
-async def test_forget_by_topic(mcp_url: str, master_key: str) -> None:
+async def test_forget_by_topic(mcp_url: str, tenant_key: str) -> None:
     ws, topic = unique(), unique("topic")
-    async with mcp_session(mcp_url, master_key) as s:
+    async with mcp_session(mcp_url, tenant_key) as s:
         for i in range(3):
             await call(s, "remember", {"content": f"Temporary note number {i} about the migration plan.", "topic": topic, "type": "fact", "workspace": ws})
         assert (await call(s, "forget", {"topic": topic})) == {"success": True, "deleted": 3}
@@ -157,9 +164,9 @@ async def test_tools_list_schemas(mcp_url: str, master_key: str) -> None:
         assert set(tool.meta) >= {"capabilities", "riskLevel", "requiresMaster", "beta", "idempotent"}
 
 
-async def test_recall_fields_and_page_size(mcp_url: str, master_key: str) -> None:
+async def test_recall_fields_and_page_size(mcp_url: str, tenant_key: str) -> None:
     ws = unique()
-    async with mcp_session(mcp_url, master_key) as s:
+    async with mcp_session(mcp_url, tenant_key) as s:
         await call(s, "batch_remember", {"workspace": ws, "fragments": [
             {"content": f"Redis node {i} in the cache cluster holds shard {i}.", "topic": "redis", "type": "fact"} for i in range(8)
         ]})
