@@ -89,6 +89,10 @@ async def load(conn: asyncpg.Connection, n: int, real: int) -> tuple[int, float]
             rng.choice((0, 0, 0, 1, 2, 5, 12)) if accessed else 0, accessed,
             round(rng.random(), 3) if accessed else 0.0,
         ))
+    # Bulk load: building the HNSW index once after COPY is several times faster than
+    # inserting 100k vectors into it one by one.
+    index_def = await conn.fetchval("SELECT indexdef FROM pg_indexes WHERE indexname = 'fragments_embedding_hnsw'")
+    await conn.execute("DROP INDEX IF EXISTS fragments_embedding_hnsw")
     await conn.copy_records_to_table(
         "fragments", schema_name="agent_memory",
         columns=["id", "content", "topic", "type", "keywords", "importance", "is_anchor", "key_id", "workspace",
@@ -96,6 +100,8 @@ async def load(conn: asyncpg.Connection, n: int, real: int) -> tuple[int, float]
                  "ema_activation"],
         records=records,
     )
+    await conn.execute("SET maintenance_work_mem = '512MB'")
+    await conn.execute(index_def)
     ids = [r[0] for r in records]
     owners = [r[7] for r in records]
     events = []
@@ -133,7 +139,7 @@ async def bench(database_url: str, sizes: list[int], real: int) -> None:
         from pgvector.asyncpg import register_vector
 
         await register_vector(conn)
-        await conn.execute("TRUNCATE fragments, search_events, sessions, maintenance_runs CASCADE")
+        await conn.execute("TRUNCATE fragments, search_events, sessions, maintenance_runs, consolidation_marks CASCADE")
         began = time.perf_counter()
         loaded, embed_s = await load(conn, n, real)
         print(f"\n{loaded} fragments loaded in {time.perf_counter() - began:.1f} s (embeddings {embed_s:.1f} s)")

@@ -47,18 +47,18 @@ class CycleContext:
     embedder: Callable[[], Embedder]
     # Filled by the similarity scan, read by the dedup / contradiction stages.
     _pairs: list[SimilarPair] | None = None
-    _new_ids: list[str] = field(default_factory=list)
+    _groups: list[tuple[str | None, str | None, str]] = field(default_factory=list)
     merged_away: set[str] = field(default_factory=set)
-    # New fragments one cycle compares with their groups (each is then stamped consolidated_at).
+    # New fragments one cycle compares with their groups (their groups' marks then advance).
     scan_limit: int = 10_000
 
     async def pairs(self) -> list[SimilarPair]:
         """One similarity scan per cycle, shared by the stages that need it."""
         if self._pairs is None:
             async with self.pool.acquire() as conn:
-                groups = await repo.unconsolidated_groups(conn, self.tenant, self.scan_limit)
-                rows = await repo.group_members(conn, groups)
-            self._pairs, self._new_ids = similar_pairs(rows, CONTRADICTION_MIN)
+                self._groups = await repo.unconsolidated_groups(conn, self.tenant, self.scan_limit)
+                rows = await repo.group_members(conn, self._groups)
+            self._pairs, _ = similar_pairs(rows, CONTRADICTION_MIN)
         return self._pairs
 
 
@@ -268,11 +268,10 @@ async def run_cycle(ctx: CycleContext, only: list[str] | None = None) -> dict[st
         result["limit"] = stage.limit
         result["durationMs"] = round(elapsed * 1000, 1)
         report["stages"][stage.name] = result
-    if ctx._pairs is not None:
-        # Compared this cycle: later cycles compare only what is new (merged-away rows are
-        # no longer live, so marking them too is harmless).
+    if ctx._pairs is not None and not failed:
+        # Compared this cycle: later cycles compare only what is newer than the marks.
         async with ctx.pool.acquire() as conn:
-            await repo.mark_consolidated(conn, ctx._new_ids)
+            await repo.advance_marks(conn, ctx._groups)
     report["failedStages"] = failed
     report.update(ctx.budget.report())
     return report

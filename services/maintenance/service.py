@@ -40,10 +40,6 @@ async def link_sweep(pool: asyncpg.Pool) -> int:
     return await link_new_fragments(pool, ids)
 
 
-class AlreadyRunning(RuntimeError):
-    pass
-
-
 async def _with_tenant_lock(conn: asyncpg.Connection, name: str) -> bool:
     """A session advisory lock per job and tenant: two cycles never work one tenant at once."""
     return bool(await conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", name))

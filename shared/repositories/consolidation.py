@@ -3,6 +3,7 @@ statement that relates two fragments also requires the same key_id on both sides
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -20,38 +21,66 @@ def _count(status: str) -> int:
     return int(status.split()[-1])
 
 
+# Rows one UPDATE statement rewrites: at 1-3 ms a non-HOT row (HNSW insert) 2000 rows stay
+# well inside the pool's 30 s command timeout; a stage loops over chunks up to its limit.
+WRITE_CHUNK = 2000
+
+
+async def _in_chunks(step: Callable[[int], Awaitable[int]], limit: int) -> int:
+    done = 0
+    while done < limit:
+        size = min(WRITE_CHUNK, limit - done)
+        n = await step(size)
+        done += n
+        if n < size:
+            break
+    return done
+
+
 async def transition_tiers(conn: asyncpg.Connection, tenant: Tenant, limit: int) -> dict[str, Any]:
-    params = SqlParams()
-    scope = tenant.clause(params)
-    hot_window, min_access, hot_imp = params.add(lc.HOT_WINDOW), params.add(lc.HOT_MIN_ACCESS), params.add(lc.HOT_MIN_IMPORTANCE)
-    cold_after, cold_imp = params.add(lc.COLD_AFTER), params.add(lc.COLD_MAX_IMPORTANCE)
-    rows = await conn.fetch(
-        f"""
-        WITH target AS (
-            SELECT f.id, f.ttl_tier AS old_tier, CASE
-                WHEN f.is_anchor OR f.ttl_tier = 'permanent' THEN 'permanent'
-                WHEN (f.last_accessed_at >= now() - {hot_window}::interval AND f.access_count >= {min_access})
-                     OR f.importance >= {hot_imp} THEN 'hot'
-                WHEN coalesce(f.last_accessed_at, f.created_at) < now() - {cold_after}::interval
-                     AND f.importance < {cold_imp} THEN 'cold'
-                ELSE 'warm' END AS tier
-            FROM fragments f WHERE {scope}
-        ), changed AS (
-            SELECT id, tier FROM target WHERE tier <> old_tier LIMIT {params.add(limit)}
-        )
-        UPDATE fragments f SET ttl_tier = c.tier FROM changed c WHERE f.id = c.id
-        RETURNING c.tier
-        """,
-        *params.values,
-    )
     by_tier: dict[str, int] = {}
-    for r in rows:
-        by_tier[r["tier"]] = by_tier.get(r["tier"], 0) + 1
-    return {"processed": len(rows), "toTier": by_tier}
+
+    async def step(size: int) -> int:
+        params = SqlParams()
+        scope = tenant.clause(params)
+        hot_window, min_access, hot_imp = params.add(lc.HOT_WINDOW), params.add(lc.HOT_MIN_ACCESS), params.add(lc.HOT_MIN_IMPORTANCE)
+        cold_after, cold_imp = params.add(lc.COLD_AFTER), params.add(lc.COLD_MAX_IMPORTANCE)
+        rows = await conn.fetch(
+            f"""
+            WITH target AS (
+                SELECT f.id, f.ttl_tier AS old_tier, CASE
+                    WHEN f.is_anchor OR f.ttl_tier = 'permanent' THEN 'permanent'
+                    WHEN (f.last_accessed_at >= now() - {hot_window}::interval AND f.access_count >= {min_access})
+                         OR f.importance >= {hot_imp} THEN 'hot'
+                    WHEN coalesce(f.last_accessed_at, f.created_at) < now() - {cold_after}::interval
+                         AND f.importance < {cold_imp} THEN 'cold'
+                    ELSE 'warm' END AS tier
+                FROM fragments f WHERE {scope}
+            ), changed AS (
+                SELECT id, tier FROM target WHERE tier <> old_tier LIMIT {params.add(size)}
+            )
+            UPDATE fragments f SET ttl_tier = c.tier FROM changed c WHERE f.id = c.id
+            RETURNING c.tier
+            """,
+            *params.values,
+        )
+        for r in rows:
+            by_tier[r["tier"]] = by_tier.get(r["tier"], 0) + 1
+        return len(rows)
+
+    return {"processed": await _in_chunks(step, limit), "toTier": by_tier}
 
 
 async def decay_importance(conn: asyncpg.Connection, tenant: Tenant, limit: int) -> dict[str, Any]:
     """Half-life decay from last_decay_at; anchors exempt; stamps last_decay_at."""
+
+    async def step(size: int) -> int:
+        return await _decay_chunk(conn, tenant, size)
+
+    return {"processed": await _in_chunks(step, limit)}
+
+
+async def _decay_chunk(conn: asyncpg.Connection, tenant: Tenant, limit: int) -> int:
     params = SqlParams()
     scope = tenant.clause(params)
     floor, step = params.add(lc.IMPORTANCE_FLOOR), params.add(lc.MIN_DECAY_STEP)
@@ -79,7 +108,7 @@ async def decay_importance(conn: asyncpg.Connection, tenant: Tenant, limit: int)
         """,
         *params.values,
     )
-    return {"processed": _count(status)}
+    return _count(status)
 
 
 async def collect_garbage(conn: asyncpg.Connection, tenant: Tenant, limit: int) -> dict[str, Any]:
@@ -175,15 +204,26 @@ async def merge_into(conn: asyncpg.Connection, pairs: list[tuple[str, str]]) -> 
     return int(rows[0]["merged"])
 
 
+_MARK_JOIN = """
+    LEFT JOIN consolidation_marks m
+      ON m.key_id = coalesce(f.key_id, '') AND m.workspace = coalesce(f.workspace, '') AND m.topic = f.topic
+"""
+# Rows this recent stay "new" for one more cycle: a transaction that inserted them may not
+# have been committed when the cycle read the group (re-comparing is idempotent).
+MARK_LAG = timedelta(minutes=1)
+
+
 async def unconsolidated_groups(conn: asyncpg.Connection, tenant: Tenant, limit: int) -> list[tuple[str | None, str | None, str]]:
-    """(key_id, workspace, topic) groups holding live fragments not yet compared, oldest first."""
+    """(key_id, workspace, topic) groups holding live fragments newer than the group's mark,
+    for at most `limit` such fragments, oldest first."""
     params = SqlParams()
     scope = tenant.clause(params)
     rows = await conn.fetch(
         f"""
         SELECT DISTINCT key_id, workspace, topic FROM (
-            SELECT f.key_id, f.workspace, f.topic FROM fragments f
-            WHERE {scope} AND f.consolidated_at IS NULL AND f.valid_to IS NULL AND f.embedding IS NOT NULL
+            SELECT f.key_id, f.workspace, f.topic FROM fragments f {_MARK_JOIN}
+            WHERE {scope} AND f.valid_to IS NULL AND f.embedding IS NOT NULL
+              AND (m.upto IS NULL OR f.created_at > m.upto)
             ORDER BY f.created_at LIMIT {params.add(limit)}
         ) s
         """,
@@ -193,17 +233,19 @@ async def unconsolidated_groups(conn: asyncpg.Connection, tenant: Tenant, limit:
 
 
 async def group_members(conn: asyncpg.Connection, groups: list[tuple[str | None, str | None, str]]) -> list[asyncpg.Record]:
-    """Every live, embedded fragment of the given groups (coalesce makes the join hashable)."""
+    """Every live, embedded fragment of the given groups; is_new = newer than the group's
+    mark (coalesce makes the join hashable)."""
     if not groups:
         return []
     return await conn.fetch(
-        """
+        f"""
         SELECT f.id, f.key_id, f.workspace, f.topic, f.type, f.content, f.embedding, f.is_anchor,
-               f.importance, f.access_count, f.created_at, f.consolidated_at IS NULL AS is_new
+               f.importance, f.access_count, f.created_at, (m.upto IS NULL OR f.created_at > m.upto) AS is_new
         FROM fragments f
         JOIN unnest($1::text[], $2::text[], $3::text[]) AS g(k, w, t)
           ON coalesce(f.key_id, '') = coalesce(g.k, '') AND coalesce(f.workspace, '') = coalesce(g.w, '')
          AND f.topic = g.t
+        {_MARK_JOIN}
         WHERE f.valid_to IS NULL AND f.embedding IS NOT NULL
         ORDER BY f.key_id, f.workspace, f.topic, f.created_at
         """,
@@ -211,9 +253,19 @@ async def group_members(conn: asyncpg.Connection, groups: list[tuple[str | None,
     )
 
 
-async def mark_consolidated(conn: asyncpg.Connection, ids: list[str]) -> None:
-    if ids:
-        await conn.execute("UPDATE fragments SET consolidated_at = now() WHERE id = ANY($1::text[])", ids)
+async def advance_marks(conn: asyncpg.Connection, groups: list[tuple[str | None, str | None, str]]) -> None:
+    """Every fragment of these groups up to MARK_LAG ago has been compared."""
+    if not groups:
+        return
+    await conn.execute(
+        """
+        INSERT INTO consolidation_marks (key_id, workspace, topic, upto)
+        SELECT coalesce(k, ''), coalesce(w, ''), t, now() - $4::interval
+        FROM unnest($1::text[], $2::text[], $3::text[]) AS g(k, w, t)
+        ON CONFLICT (key_id, workspace, topic) DO UPDATE SET upto = greatest(consolidation_marks.upto, EXCLUDED.upto)
+        """,
+        [g[0] for g in groups], [g[1] for g in groups], [g[2] for g in groups], MARK_LAG,
+    )
 
 
 async def insert_contradictions(conn: asyncpg.Connection, links: list[tuple[str, str, float]]) -> int:
@@ -311,6 +363,14 @@ async def store_embeddings(conn: asyncpg.Connection, ids: list[str], vectors: np
 async def decay_activation(conn: asyncpg.Connection, tenant: Tenant, limit: int) -> dict[str, Any]:
     """ema_activation halves per ACTIVATION_HALF_LIFE_DAYS since the later of the last decay
     and the last access (an access has just refreshed it)."""
+
+    async def step(size: int) -> int:
+        return await _activation_chunk(conn, tenant, size)
+
+    return {"processed": await _in_chunks(step, limit)}
+
+
+async def _activation_chunk(conn: asyncpg.Connection, tenant: Tenant, limit: int) -> int:
     params = SqlParams()
     scope = tenant.clause(params)
     since = "greatest(coalesce(f.activation_decayed_at, f.created_at), coalesce(f.last_accessed_at, f.created_at))"
@@ -329,7 +389,7 @@ async def decay_activation(conn: asyncpg.Connection, tenant: Tenant, limit: int)
         """,
         *params.values,
     )
-    return {"processed": _count(status)}
+    return _count(status)
 
 
 # Two fragments returned together (top 5) by at least this many searches are co-retrieved.

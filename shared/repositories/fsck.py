@@ -32,8 +32,9 @@ async def fragments_to_check(conn: asyncpg.Connection, tenant: Tenant, *, increm
 
 
 async def mark_checked(conn: asyncpg.Connection, ids: list[str]) -> None:
-    if ids:
-        await conn.execute("UPDATE fragments SET checked_at = now() WHERE id = ANY($1::text[])", ids)
+    # In chunks: each stamp rewrites a row (see consolidation.WRITE_CHUNK).
+    for start in range(0, len(ids), 1000):
+        await conn.execute("UPDATE fragments SET checked_at = now() WHERE id = ANY($1::text[])", ids[start:start + 1000])
 
 
 async def open_contradictions(conn: asyncpg.Connection, ids: list[str]) -> list[asyncpg.Record]:
