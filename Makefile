@@ -63,7 +63,7 @@ $(INSPECTOR_STAMP):
 	mkdir -p $(CLIENTS)/inspector
 	cd $(CLIENTS)/inspector && PATH="$(abspath $(NODE_BIN)):$$PATH" "$(abspath $(NODE_BIN))/node" \
 		"$(abspath $(NODE_BIN))/../lib/node_modules/npm/bin/npm-cli.js" install --no-audit --no-fund --loglevel=error \
-		@modelcontextprotocol/inspector@2.12.0
+		@modelcontextprotocol/inspector@2.12.0 @modelcontextprotocol/conformance@0.1.16
 	touch $@
 
 test-clients: $(MCP1_STAMP) $(FASTMCP_STAMP) $(INSPECTOR_STAMP)

@@ -35,7 +35,7 @@ async def test_python_clients(stack: Stack, client: str, transport: str) -> None
     ws = unique()
     url = stack.mcp_url if transport == "http" else f"{stack.gateway_url}/sse"
     script = Path(__file__).parent / "clients" / f"{client}_client.py"
-    done = await asyncio.to_thread(_run, [str(python), str(script), transport, url, stack.master_key, ws])
+    done = await asyncio.to_thread(_run, [str(python), str(script), transport, url, stack.master_key, ws, unique("marker")])
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert {"remember", "recall", "get_skill_guide", "session_rotate"} <= set(report["tools"])

@@ -1,6 +1,6 @@
 """Run by fastmcp's own venv (make test-clients): connect, list, call, print JSON.
 
-usage: fastmcp_client.py (http|sse) URL KEY WORKSPACE
+usage: fastmcp_client.py (http|sse) URL KEY WORKSPACE MARKER
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from fastmcp import Client
 from fastmcp.client.transports import SSETransport, StreamableHttpTransport
 
 
-async def main(transport: str, url: str, key: str, workspace: str) -> None:
+async def main(transport: str, url: str, key: str, workspace: str, marker: str) -> None:
     if transport == "http":
         target = StreamableHttpTransport(url, headers={"Authorization": f"Bearer {key}"})
     else:
@@ -22,9 +22,9 @@ async def main(transport: str, url: str, key: str, workspace: str) -> None:
         tools = await client.list_tools()
         stored = await client.call_tool(
             "remember",
-            {"content": "The fastmcp client stored this fragment through the gateway.", "topic": "clients", "type": "fact", "workspace": workspace},
+            {"content": f"The fastmcp client stored {marker} through the gateway.", "topic": "clients", "type": "fact", "workspace": workspace},
         )
-        found = await client.call_tool("recall", {"keywords": ["fastmcp"], "workspace": workspace})
+        found = await client.call_tool("recall", {"keywords": [marker], "workspace": workspace})
         prompts = await client.list_prompts()
         config = await client.read_resource("memory://config")
     print(json.dumps({
@@ -37,4 +37,4 @@ async def main(transport: str, url: str, key: str, workspace: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(*sys.argv[1:5]))
+    asyncio.run(main(*sys.argv[1:6]))
