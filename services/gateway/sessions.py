@@ -3,7 +3,8 @@
 seed: a fragment's session_id is `{transportId}#{seq}` (MEMENTO_SESSION_SEGMENT, default
 on); the segment rotates after idle time or a maximum lifetime, and the segment it replaces
 is handed to reflect. Session rows are written through shared/repositories/sessions.py; the
-reflect job ("maintenance.auto_reflect") is sent only after the row that ends is committed.
+reflect job ("maintenance.auto_reflect") is sent only after the row that ends is committed,
+and only for a segment that saw a tool call (an unused one is ended and left to the sweep).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class GatewaySession:
     started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
     activity: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=100))
     closed: bool = False
+    # Tool calls in the current segment; a segment nobody used is not worth a reflect job.
+    segment_calls: int = 0
     # Serialises segment rotation between concurrent calls of one session.
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -131,9 +134,11 @@ class SessionRegistry:
                     async with conn.transaction():
                         ended = await sessions_repo.end(conn, old, reason)
                         await self._start_row(conn, session, previous_id=old)
-                if ended:
+                if ended and session.segment_calls:
                     await self._reflect(old, session.principal.key_id, reason)
+                session.segment_calls = 0
             session.last_activity = now
+            session.segment_calls += 1
             segment = session.segment_id(self.segmented)
             entry = {"tool": tool, "at": datetime.now(timezone.utc).isoformat()}
             session.activity.append(entry)
@@ -157,8 +162,9 @@ class SessionRegistry:
                 async with conn.transaction():
                     ended = await sessions_repo.end(conn, old_segment, reason)
                     await self._start_row(conn, session, previous_id=old_segment)
-            if ended:
+            if ended and session.segment_calls:
                 await self._reflect(old_segment, session.principal.key_id, reason)
+            session.segment_calls = 0
             return old_id, new_id
 
     async def close(self, session_id: str, reason: str) -> None:
@@ -174,7 +180,7 @@ class SessionRegistry:
         segment = session.segment_id(self.segmented)
         async with self.pool.acquire() as conn:
             ended = await sessions_repo.end(conn, segment, reason)
-        if ended:
+        if ended and session.segment_calls:
             await self._reflect(segment, session.principal.key_id, reason)
 
     async def _reflect(self, segment_id: str, key_id: str | None, reason: str) -> None:

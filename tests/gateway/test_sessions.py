@@ -257,3 +257,15 @@ async def test_get_opens_the_server_push_stream(stack: Stack) -> None:
         no_auth = await http.get(stack.mcp_url, headers={"Accept": "text/event-stream", "mcp-session-id": mcp.session_id or ""})
         assert no_auth.status_code == 401
         assert (await mcp.delete()).status_code == 200
+
+
+async def test_unused_segment_is_ended_without_a_reflect_job(stack: Stack, tuned_gateway: Gateway) -> None:
+    async with httpx.AsyncClient(timeout=30) as http:
+        mcp = RawMcp(http, tuned_gateway.mcp_url, stack.master_key)
+        await mcp.initialize()
+        await mcp.rpc("tools/list")  # listing is not a tool call
+        segment = f"{mcp.session_id}#1"
+        assert (await mcp.delete()).status_code == 200
+    async with db(stack) as conn:
+        assert await conn.fetchval("SELECT end_reason FROM sessions WHERE id = $1", segment) == "client_delete"
+    assert segment not in {job["session_id"] for job in await reflect_jobs(stack)}
