@@ -38,9 +38,16 @@ async def health(request: Request) -> JSONResponse:
         except Exception as exc:  # redis-py raises many error types; all mean "unreachable"
             checks["redis"] = {"status": "warning", "error": exc.__class__.__name__}
             warnings.append("Redis unreachable: L1 cache and working memory disabled; core memory works from PostgreSQL")
-    try:
-        checks["sessions"] = {"status": "ok", "active": len(state.session_manager._server_instances)}  # noqa: SLF001
-    except AttributeError:
+    registry = getattr(state, "registry", None)
+    if registry is not None:
+        open_sessions = [s.transport for s in registry.by_id.values()]
+        checks["sessions"] = {
+            "status": "ok",
+            "active": len(open_sessions),
+            "streamableHttp": open_sessions.count("streamable-http"),
+            "sse": open_sessions.count("sse"),
+        }
+    else:
         checks["sessions"] = {"status": "ok"}
     services = await state.upstreams.health()
     checks["services"] = services

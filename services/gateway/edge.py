@@ -63,6 +63,11 @@ class GatewayEdge:
 
         token = request_token(scope)
         principal = await self.state.authenticator.authenticate(token) if token else None
+        if principal is None and token is None and scope["path"] == "/mcp":
+            # seed: Streamable HTTP authenticates at initialize "and the session keeps it":
+            # a live session id stands for the credential that opened the session.
+            session = getattr(self.state, "registry", None) and self.state.registry.get(Headers(scope=scope).get("mcp-session-id"))
+            principal = session.principal if session is not None else None
         if principal is not None:
             scope[PRINCIPAL_SCOPE_KEY] = principal
             scope[TOKEN_SCOPE_KEY] = token

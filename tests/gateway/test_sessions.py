@@ -14,7 +14,7 @@ from mcp import ClientSession
 from mcp.client.sse import sse_client
 
 from tests.gateway.conftest import Gateway
-from tests.gateway.wire import RawMcp, db, wait_for
+from tests.gateway.wire import RawMcp, db, rpc_body, wait_for
 from tests.support import Stack, call, create_api_key, unique
 
 
@@ -254,9 +254,31 @@ async def test_get_opens_the_server_push_stream(stack: Stack) -> None:
             assert stream.status_code == 200
             assert stream.headers["content-type"].startswith("text/event-stream")
             assert stream.headers["mcp-session-id"] == mcp.session_id
-        no_auth = await http.get(stack.mcp_url, headers={"Accept": "text/event-stream", "mcp-session-id": mcp.session_id or ""})
-        assert no_auth.status_code == 401
+        unknown = await http.get(stack.mcp_url, headers={"Accept": "text/event-stream", "mcp-session-id": "f" * 32})
+        assert unknown.status_code == 401 and "resource_metadata=" in unknown.headers["www-authenticate"]
         assert (await mcp.delete()).status_code == 200
+
+
+async def test_session_keeps_the_credential_of_initialize(stack: Stack) -> None:
+    """seed: Streamable HTTP authenticates at initialize; the session carries it afterwards."""
+    raw, key_id = await create_api_key(stack.database_url)
+    other, _ = await create_api_key(stack.database_url)
+    async with httpx.AsyncClient(timeout=30) as http:
+        mcp = RawMcp(http, stack.mcp_url, raw)
+        await mcp.initialize()
+        bare = {k: v for k, v in mcp._headers().items() if k != "Authorization"}  # noqa: SLF001
+        reply = await http.post(stack.mcp_url, json={"jsonrpc": "2.0", "id": 5, "method": "resources/read", "params": {"uri": "memory://active-session"}}, headers=bare)
+        assert reply.status_code == 200
+        assert json.loads(rpc_body(reply)["result"]["contents"][0]["text"])["keyId"] == key_id
+        # another credential still cannot use it
+        stolen = await http.post(stack.mcp_url, json={"jsonrpc": "2.0", "id": 6, "method": "tools/list"}, headers={**bare, "Authorization": f"Bearer {other}"})
+        assert stolen.status_code == 404
+        # nor a wrong one
+        wrong = await http.post(stack.mcp_url, json={"jsonrpc": "2.0", "id": 7, "method": "tools/list"}, headers={**bare, "Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        await mcp.delete()
+        gone = await http.post(stack.mcp_url, json={"jsonrpc": "2.0", "id": 8, "method": "tools/list"}, headers=bare)
+        assert gone.status_code == 401
 
 
 async def test_unused_segment_is_ended_without_a_reflect_job(stack: Stack, tuned_gateway: Gateway) -> None:
