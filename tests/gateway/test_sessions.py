@@ -215,6 +215,9 @@ async def test_legacy_sse_transport(stack: Stack) -> None:
             info = json.loads((await s.read_resource("memory://active-session")).contents[0].text)
             assert info["transport"] == "sse" and info["keyId"] == key_id
             segment = info["segmentId"]
+            async with httpx.AsyncClient() as http:
+                health = (await http.get(f"{stack.gateway_url}/health")).json()
+            assert health["checks"]["sessions"]["sse"] >= 1
     async with db(stack) as conn:
         async def ended() -> Any:
             return await conn.fetchval("SELECT end_reason FROM sessions WHERE id = $1 AND ended_at IS NOT NULL", segment)
