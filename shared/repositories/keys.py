@@ -89,6 +89,8 @@ async def list_keys(conn: asyncpg.Connection) -> list[asyncpg.Record]:
         f"""
         SELECT {', '.join('k.' + c for c in KEY_PUBLIC)},
                (SELECT count(*) FROM fragments f WHERE f.key_id = k.id) AS fragment_count,
+               COALESCE((SELECT u.calls FROM api_key_daily_usage u
+                         WHERE u.key_id = k.id AND u.day = (now() AT TIME ZONE 'UTC')::date), 0) AS calls_today,
                ARRAY(SELECT g.id FROM key_group_members m JOIN key_groups g ON g.id = m.group_id
                      WHERE m.key_id = k.id ORDER BY g.name) AS group_ids
         FROM api_keys k ORDER BY k.created_at, k.id

@@ -153,6 +153,8 @@ async def test_daily_limit_refuses_calls_past_it(stack: Stack) -> None:
             await s.call_tool("memory_stats", {})
         assert refused.value.error.code == -32000 and "Daily limit" in refused.value.error.message
     async with admin(stack) as http:
+        listed = {k["id"]: k for k in (await http.get("/keys")).json()}
+        assert listed[key["id"]]["calls_today"] == 3 and listed[key["id"]]["daily_limit"] == 2
         await http.put(f"/keys/{key['id']}/daily-limit", json={"daily_limit": None})
     async with mcp_session(stack.mcp_url, key["raw_key"]) as s:
         await s.call_tool("memory_stats", {})
