@@ -162,3 +162,23 @@ async def apply_fixes(request: Request, run_id: int, body: FsckApply | None = No
         async with conn.transaction():
             outcome = await fsck_repo.apply_issues(conn, run_id, body.issueIds)
     return {"runId": run_id, **outcome}
+
+
+@router.post("/sessions/reflect-all", status_code=202)
+async def reflect_all(request: Request) -> dict[str, Any]:
+    """seed: reflect every unreflected ended session (the worker's sweep, now)."""
+    async with request.app.state.pool.acquire() as conn:
+        pending = await runs_repo.unreflected_sessions(conn, 10_000)
+    await _send(request, "maintenance.reflect_sweep", {})
+    return {"queued": True, "pending": len(pending)}
+
+
+@router.post("/sessions/{session_id}/reflect", status_code=202)
+async def reflect_session(request: Request, session_id: str) -> dict[str, Any]:
+    """seed: run reflect for one session now (AutoReflect, as its own key)."""
+    async with request.app.state.pool.acquire() as conn:
+        session = await runs_repo.session_row(conn, session_id)
+    if session is None:
+        raise HTTPException(status_code=404, detail="session not found")
+    await _send(request, "maintenance.auto_reflect", {"session_id": session_id, "key_id": session["key_id"], "reason": "manual"})
+    return {"queued": True, "sessionId": session_id, "alreadyReflected": session["reflected_at"] is not None}

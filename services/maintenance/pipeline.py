@@ -225,9 +225,9 @@ async def _anomaly_scan(ctx: CycleContext, conn: asyncpg.Connection, limit: int)
 STAGES: tuple[Stage, ...] = (
     Stage("embedding_backfill", _backfill, 2_000, "embed fragments stored without an embedding"),
     # Decay before tiers: the tier rules read the decayed importance, so a rerun is a no-op.
-    Stage("importance_decay", _decay, 20_000, "decay importance by type half-life since last decay; anchors exempt"),
-    Stage("activation_decay", _activation, 20_000, "decay ema_activation since last decay or access"),
-    Stage("ttl_tiers", _tiers, 20_000, "move fragments between hot / warm / cold / permanent"),
+    Stage("importance_decay", _decay, 10_000, "decay importance by type half-life since last decay; anchors exempt"),
+    Stage("activation_decay", _activation, 10_000, "decay ema_activation since last decay or access"),
+    Stage("ttl_tiers", _tiers, 10_000, "move fragments between hot / warm / cold / permanent"),
     Stage("expiry_gc", _gc, 500, "delete cold, idle, low-utility fragments past the grace period"),
     Stage("exact_dedup", _exact, 5_000, "merge live fragments with identical content (same key, workspace)"),
     Stage("semantic_dedup", _semantic, 2_000, "merge near-duplicates within key+workspace+topic behind the safety gate"),

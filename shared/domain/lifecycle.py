@@ -45,9 +45,10 @@ IMPORTANCE_FLOOR = 0.05
 # Below this gap since the last decay, a rerun does nothing (and writes nothing) ...
 MIN_DECAY_STEP = timedelta(hours=1)
 # ... and a row is rewritten only once its importance would drop by this much (a 0.5 fact
-# reaches it after ~2.6 days): each write of a ~2 KB row with a 384-d vector is rarely a HOT
-# update, and a non-HOT one costs an HNSW insert (~1 ms).
-MIN_DECAY_DELTA = 0.01
+# reaches it after ~5 days): a ~2 KB row with a 384-d vector is rarely updated HOT, and a
+# non-HOT update pays an HNSW insert (~2 ms at 100k rows, bench/consolidation_bench.py), so
+# at 100k fragments this keeps steady-state decay near 5k rewrites per 6-hour cycle.
+MIN_DECAY_DELTA = 0.02
 
 # ema_activation (raised by recall hits) halves each week without use.
 ACTIVATION_HALF_LIFE_DAYS = 7.0

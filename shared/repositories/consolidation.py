@@ -247,8 +247,7 @@ async def group_members(conn: asyncpg.Connection, groups: list[tuple[str | None,
          AND f.topic = g.t
         {_MARK_JOIN}
         WHERE f.valid_to IS NULL AND f.embedding IS NOT NULL
-        ORDER BY f.key_id, f.workspace, f.topic, f.created_at
-        """,
+        """,  # no ORDER BY: grouping happens in Python, and sorting 100k vectors spills to disk
         [g[0] for g in groups], [g[1] for g in groups], [g[2] for g in groups],
     )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import httpx
 
 from tests.maintenance.conftest import wait_for
@@ -103,3 +105,18 @@ async def test_consolidation_status_and_anomalies(mstack, db, embedder, producer
         assert {"keyId": key, "kind": "missing_embeddings", "value": 1} in found["anomalies"]
         runs = (await http.get(f"{PREFIX}/maintenance/runs", params={"job": "consolidate"})).json()["runs"]
         assert runs and runs[0]["job"] == "consolidate"
+
+
+async def test_manual_reflect_routes(mstack, db, embedder) -> None:
+    from tests.maintenance.test_worker import _session_with_work
+    from tests.support import unique
+
+    _, key = await new_key(mstack.database_url)
+    sid = await _session_with_work(db, embedder, key, unique("ws"))
+    async with _admin(mstack) as http:
+        assert (await http.post(f"{PREFIX}/sessions/nope/reflect")).status_code == 404
+        # Segment ids carry '#': percent-encoded in the path.
+        queued = await http.post(f"{PREFIX}/sessions/{quote(sid, safe='')}/reflect")
+        assert queued.status_code == 202 and queued.json()["sessionId"] == sid
+        assert (await http.post(f"{PREFIX}/sessions/reflect-all")).status_code == 202
+    assert await wait_for(lambda: db.fetchval("SELECT reflected_at FROM sessions WHERE id = $1", sid), timeout=60)
