@@ -97,3 +97,10 @@ def test_shared_maintenance_modules_import_no_web_framework() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_contract_names_the_pipelines_stages() -> None:
+    from services.maintenance.pipeline import STAGE_NAMES
+    from shared.contract.maintenance import CONSOLIDATION_STAGES
+
+    assert set(STAGE_NAMES) == set(CONSOLIDATION_STAGES)
