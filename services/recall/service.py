@@ -22,7 +22,7 @@ from services.common.internal import ToolContext, parse_arguments
 from services.recall import meta as meta_mod
 from services.recall import render
 from services.recall.effects import SideEffects
-from services.recall.search import LAYER_DEPTH, SearchRequest, layered_search
+from services.recall.search import LAYER_DEPTH, DocumentFrequencies, SearchRequest, layered_search
 from services.recall.timeparse import parse_bound
 from shared.contract.read import RecallArgs
 from shared.domain.errors import InvalidParams
@@ -61,6 +61,7 @@ class ReadResources:
     effects: SideEffects
     redis: Any | None = None
     _totals: dict[str, tuple[float, int]] = field(default_factory=dict)
+    df_cache: DocumentFrequencies = field(default_factory=DocumentFrequencies)
 
     async def embed_query(self, text: str) -> np.ndarray:
         return (await anyio.to_thread.run_sync(self.embedder.embed, [text]))[0]
@@ -273,7 +274,7 @@ async def _search(
         conn, ctx.principal, flt,
         SearchRequest(text=args.text, keywords=keywords, vector=vector, semantic_label="L3" if args.text else "L3kw",
                       threshold=args.threshold, filter_only=filter_only),
-        scope_total,
+        scope_total, res.df_cache,
     )
     hits = outcome.hits
     if args.contextText and res.settings.spreading_activation:

@@ -19,15 +19,15 @@ BM25_K1 = 0.9
 BM25_B = 0.4
 # A term in more rows than this is counted as this many: its IDF is near zero anyway, and
 # counting stops early instead of walking a huge posting list.
-DF_CAP = 5000
-# Terms in more rows than this still score but do not generate candidates (unless fewer than
-# MIN_MATCH_TERMS terms are rarer): a word in 5% of a 100k store would otherwise drag tens of
-# thousands of rows through ranking for little IDF. A 400-turn conversation never reaches it.
-MATCH_DF_CAP = 2000
-MIN_MATCH_TERMS = 3
+DF_CAP = 2000
+# Rows the candidate-generating terms may match in total: the rarest terms are taken until
+# their document frequencies add up to this (at least one). Common words still score, but do
+# not drag tens of thousands of rows of a 100k store through ranking for little IDF; a
+# 400-turn conversation never reaches the budget (LoCoMo dev unchanged).
+MATCH_BUDGET = 2000
 # Full-text matches pre-ranked by ts_rank before BM25 scores them (bounds the work when a
 # common term matches a large share of a 100k store).
-PRE_RANK = 400
+PRE_RANK = 300
 
 
 @dataclass
@@ -42,59 +42,86 @@ class TermStats:
         return list(self.idf)
 
 
-async def lexical_search(
-    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, text: str, extra: list[str], total: int, limit: int
-) -> tuple[list[tuple[str, float]], TermStats, float]:
-    """L2 in one round trip: the query's lexemes (english stemming, as indexed, plus exact
-    extras), their document frequency in the caller's filtered scope, and the full-text
-    matches ranked by BM25. Returns (ranked, term stats, average doc length)."""
+async def query_terms(conn: asyncpg.Connection, text: str, extra: list[str]) -> list[str]:
+    """The query's lexemes as Postgres indexes them (english stemming) plus exact extras."""
+    rows = await conn.fetchval(
+        """
+        SELECT array(SELECT DISTINCT t FROM (
+            SELECT lexeme AS t FROM unnest(to_tsvector('english', $1))
+            UNION ALL SELECT lower(x) FROM unnest($2::text[]) AS x
+        ) q WHERE length(t) > 1)
+        """,
+        text, extra,
+    )
+    return list(rows or [])
+
+
+async def document_frequencies(
+    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, terms: list[str]
+) -> dict[str, int]:
+    """Rows of the caller's filtered scope containing each term, counted up to DF_CAP."""
+    if not terms:
+        return {}
     params = SqlParams()
     where = " AND ".join(filter_clauses(principal, flt, params))
-    txt, ext = params.add(text), params.add(extra)
-    n = params.add(max(total, 1))
+    t = params.add(terms)
     sql = f"""
-        WITH terms AS (
-            SELECT DISTINCT t AS term FROM (
-                SELECT lexeme AS t FROM unnest(to_tsvector('english', {txt}))
-                UNION ALL SELECT lower(x) FROM unnest({ext}::text[]) AS x
-            ) s WHERE length(t) > 1
-        ),
-        df AS (
-            SELECT terms.term, (
-                SELECT count(*) FROM (
-                    SELECT 1 FROM fragments f
-                    WHERE f.search_tsv @@ to_tsquery('simple', quote_literal(terms.term)) AND {where}
-                    LIMIT {params.add(DF_CAP)}
-                ) c
-            ) AS df FROM terms
-        ),
-        q AS (SELECT term, ln(1 + ({n}::float8 - df + 0.5) / (df + 0.5)) AS idf FROM df WHERE df > 0),
-        tq AS (
-            SELECT to_tsquery('simple', string_agg(quote_literal(term), ' | ')) AS query FROM (
-                SELECT term FROM df WHERE df > 0 ORDER BY df
-                LIMIT greatest((SELECT count(*) FROM df WHERE df > 0 AND df < {params.add(MATCH_DF_CAP)}), {MIN_MATCH_TERMS})
-            ) rare
-        ),
+        SELECT q.term, (
+            SELECT count(*) FROM (
+                SELECT 1 FROM fragments f
+                WHERE f.search_tsv @@ to_tsquery('simple', quote_literal(q.term)) AND {where}
+                LIMIT {params.add(DF_CAP)}
+            ) c
+        ) AS df
+        FROM unnest({t}::text[]) AS q(term)
+    """
+    return {r["term"]: int(r["df"]) for r in await conn.fetch(sql, *params.values)}
+
+
+def term_stats(dfs: dict[str, int], total: int) -> TermStats:
+    n = max(total, 1)
+    return TermStats({t: math.log(1 + (n - df + 0.5) / (df + 0.5)) for t, df in dfs.items() if df > 0}, n)
+
+
+def _quoted(term: str) -> str:
+    return "'" + term.replace("\\", "").replace("'", "''") + "'"
+
+
+async def bm25_candidates(
+    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, stats: TermStats, dfs: dict[str, int], limit: int
+) -> tuple[list[tuple[str, float]], float]:
+    """L2: full-text matches in scope ranked by BM25. Returns (ranked, average doc length)."""
+    if not stats.idf:
+        return [], 1.0
+    # Candidates come from the rarest terms until their posting lists add up to MATCH_BUDGET
+    # rows (at least one term); the other terms still count in the score.
+    matching: list[str] = []
+    budget = 0
+    for term in sorted(stats.idf, key=lambda t: dfs[t]):
+        if matching and budget + dfs[term] > MATCH_BUDGET:
+            break
+        matching.append(term)
+        budget += dfs[term]
+    params = SqlParams()
+    where = " AND ".join(filter_clauses(principal, flt, params))
+    tsq = params.add(" | ".join(_quoted(t) for t in matching))
+    terms = params.add(list(stats.idf))
+    idfs = params.add(list(stats.idf.values()))
+    sql = f"""
+        WITH q AS (SELECT * FROM unnest({terms}::text[], {idfs}::float8[]) AS q(term, idf)),
         m AS MATERIALIZED (
-            SELECT f.id, f.search_tsv FROM fragments f, tq
-            WHERE tq.query IS NOT NULL AND f.search_tsv @@ tq.query AND {where}
-            ORDER BY ts_rank(f.search_tsv, tq.query) DESC
+            SELECT f.id, f.search_tsv FROM fragments f
+            WHERE f.search_tsv @@ to_tsquery('simple', {tsq}) AND {where}
+            ORDER BY ts_rank(f.search_tsv, to_tsquery('simple', {tsq})) DESC
             LIMIT {params.add(PRE_RANK)}
         ),
-        d AS (SELECT greatest(avg(length(m.search_tsv)), 1)::float8 AS avgdl FROM m),
-        ranked AS (
-            SELECT m.id, {_bm25_expr('m', 'q', '(SELECT avgdl FROM d)')} AS score FROM m
-            ORDER BY score DESC LIMIT {params.add(limit)}
-        )
-        SELECT (SELECT array_agg(term) FROM q) AS terms, (SELECT array_agg(idf) FROM q) AS idfs,
-               (SELECT avgdl FROM d) AS avgdl,
-               (SELECT array_agg(id ORDER BY score DESC) FROM ranked) AS ids,
-               (SELECT array_agg(score ORDER BY score DESC) FROM ranked) AS scores
+        d AS (SELECT greatest(avg(length(m.search_tsv)), 1)::float8 AS avgdl FROM m)
+        SELECT m.id, {_bm25_expr('m', 'q', '(SELECT avgdl FROM d)')} AS score, (SELECT avgdl FROM d) AS avgdl
+        FROM m ORDER BY score DESC LIMIT {params.add(limit)}
     """
-    row = await conn.fetchrow(sql, *params.values)
-    stats = TermStats(dict(zip(row["terms"] or [], (float(x) for x in row["idfs"] or []))), max(total, 1))
-    ranked = list(zip(row["ids"] or [], (float(x) for x in row["scores"] or [])))
-    return ranked, stats, float(row["avgdl"] or 1.0)
+    rows = await conn.fetch(sql, *params.values)
+    avgdl = float(rows[0]["avgdl"]) if rows else 1.0
+    return [(r["id"], float(r["score"])) for r in rows], avgdl
 
 
 async def count_in_scope(conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter) -> int:

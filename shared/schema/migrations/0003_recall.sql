@@ -10,7 +10,3 @@ CREATE INDEX IF NOT EXISTS fragments_session_seq ON fragments (session_id, seq) 
 CREATE INDEX IF NOT EXISTS search_events_key_type_time ON search_events (key_id, query_type, created_at);
 CREATE INDEX IF NOT EXISTS tool_feedback_key_time ON tool_feedback (key_id, created_at);
 
--- The newest fragment a caller can see (max seq per key): recall's L1 cache and its cached
--- scope counts are valid only while it has not moved.
-CREATE INDEX IF NOT EXISTS fragments_key_seq ON fragments (key_id, seq);
-CREATE INDEX IF NOT EXISTS fragments_seq ON fragments (seq);
