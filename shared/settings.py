@@ -120,6 +120,16 @@ class IngestSettings(CommonSettings):
     feedback_max_per_session: int = Field(2, alias="MEMENTO_FEEDBACK_MAX_PER_SESSION")
     feedback_cooldown: timedelta = Field(timedelta(seconds=900), alias="MEMENTO_FEEDBACK_COOLDOWN")
 
+    @field_validator("feedback_cooldown", mode="before")
+    @classmethod
+    def _seconds(cls, value: object) -> object:
+        """A bare number is seconds (900 in the reference's config)."""
+        if isinstance(value, str) and value.replace(".", "", 1).isdigit():
+            return timedelta(seconds=float(value))
+        if isinstance(value, (int, float)):
+            return timedelta(seconds=value)
+        return value
+
     @property
     def feedback_sampling_on(self) -> bool:
         if self.feedback_sampling is not None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 from celery.signals import worker_ready
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from redis.asyncio import Redis
 
 from services.maintenance.celery_app import app
@@ -48,6 +48,17 @@ class BatchWorkerSettings(CommonSettings):
     chunk: int = Field(50, alias="ENGRAM_BATCH_CHUNK", ge=1, le=200)
     # Jobs per task run before the run re-enqueues itself (bounded runs, STYLE 7).
     jobs_per_run: int = Field(20, alias="ENGRAM_BATCH_JOBS_PER_RUN", ge=1)
+
+
+    @field_validator("lease", "recover_interval", mode="before")
+    @classmethod
+    def _seconds(cls, value: object) -> object:
+        """A bare number is seconds."""
+        if isinstance(value, str) and value.replace(".", "", 1).isdigit():
+            return timedelta(seconds=float(value))
+        if isinstance(value, (int, float)):
+            return timedelta(seconds=value)
+        return value
 
 
 class IngestUnavailable(Exception):
