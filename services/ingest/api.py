@@ -15,7 +15,7 @@ from services.ingest import link as link_tool
 from services.ingest import reflect as reflect_tool
 from services.ingest import remember as remember_tool
 from services.ingest.admin_tools import TOOL_HANDLERS as ADMIN_TOOL_HANDLERS
-from services.ingest.service import after_commit
+from services.ingest.service import after_commit, invalidate_recall_cache
 from shared.db import ping
 from shared.jobs import JobBuffer
 
@@ -31,21 +31,33 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse({"status": "healthy", "service": "ingest", "database": "ok"})
 
 
+def _wrote(result: tuple[dict[str, Any], bool], arguments: dict[str, Any]) -> bool:
+    return not result[1] and not arguments.get("dryRun") and not result[0].get("async")
+
+
 def _with_jobs(tool):  # type: ignore[no-untyped-def]
-    """Run a write tool with a job buffer that is flushed only after it has committed."""
+    """Run a write tool with a job buffer that is flushed only after it has committed, then
+    invalidate the recall cache it may have made stale."""
 
     async def handler(request: Request, ctx: ToolContext, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        res = request.app.state.resources
         jobs = JobBuffer()
-        result = await tool(request.app.state.resources, jobs, ctx, arguments)
-        await after_commit(request.app.state.resources, jobs, request.app.state.celery)
+        result = await tool(res, jobs, ctx, arguments)
+        await after_commit(res, jobs, request.app.state.celery)
+        if _wrote(result, arguments):
+            await invalidate_recall_cache(res, ctx.principal)
         return result
 
     return handler
 
 
-def _plain(tool):  # type: ignore[no-untyped-def]
+def _plain(tool, writes: bool = False):  # type: ignore[no-untyped-def]
     async def handler(request: Request, ctx: ToolContext, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        return await tool(request.app.state.resources, ctx, arguments)
+        res = request.app.state.resources
+        result = await tool(res, ctx, arguments)
+        if writes and _wrote(result, arguments):
+            await invalidate_recall_cache(res, ctx.principal)
+        return result
 
     return handler
 
@@ -54,7 +66,7 @@ tool_handlers = {
     "remember": _with_jobs(remember_tool.remember),
     "batch_remember": _with_jobs(batch_tool.batch_remember),
     "batch_status": _plain(batch_tool.batch_status),
-    "forget": _plain(forget_tool.forget),
+    "forget": _plain(forget_tool.forget, writes=True),
     "amend": _with_jobs(amend_tool.amend),
     "link": _with_jobs(link_tool.link),
     "reflect": _with_jobs(reflect_tool.reflect),

@@ -23,7 +23,7 @@ from shared.contract.write import RememberArgs
 from shared.domain import fragment as frag
 from shared.domain import policy
 from shared.domain.errors import PolicyViolation
-from shared.domain.principal import Principal, SqlParams, read_scope
+from shared.domain.principal import Principal
 from shared.domain.search import FragmentFilter
 from shared.jobs import JobBuffer
 from shared.repositories import fragments as fragments_repo

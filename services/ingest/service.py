@@ -11,6 +11,7 @@ import anyio
 import asyncpg
 import numpy as np
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from services.common.internal import ToolContext
 from shared.contract.write import RememberArgs
@@ -21,6 +22,7 @@ from shared.domain.principal import Principal
 from shared.domain.secrets import SecretFound, screen
 from shared.embeddings import Embedder
 from shared.jobs import JobBuffer
+from shared.recall_cache import bump_recall_generation
 from shared.repositories import fragments as fragments_repo
 from shared.repositories import links as links_repo
 from shared.repositories.batch_jobs import BatchQueue
@@ -150,6 +152,21 @@ async def after_commit(res: WriteResources, jobs: JobBuffer, celery: Any) -> Non
             logger.warning("batch job %s queued without a wake-up; the periodic recovery will take it", job.kwargs)
         else:
             logger.error("job %s could not be queued and has no inline path", job.task)
+
+
+async def invalidate_recall_cache(res: WriteResources, principal: Principal) -> None:
+    """After a write committed: cached recalls that could show the caller's fragments are
+    stale. The master key may have changed any tenant's rows, so it invalidates them all."""
+    if res.redis is None:
+        return
+    try:
+        if principal.is_master:
+            await bump_recall_generation(res.redis, all_tenants=True)
+        else:
+            await bump_recall_generation(res.redis, [principal.key_id])
+    except RedisError:
+        # The cache re-checks updated_at on every hit, so a missed bump is not a stale read.
+        logger.warning("could not invalidate the recall cache", exc_info=True)
 
 
 async def check_quota(conn: asyncpg.Connection, principal: Principal, adding: int) -> dict[str, int] | None:

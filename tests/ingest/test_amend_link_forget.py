@@ -4,7 +4,7 @@ replies and dryRun."""
 from __future__ import annotations
 
 from tests.ingest.helpers import db, fragment, rpc_error, tool_error
-from tests.support import call, create_api_key, mcp_session, unique
+from tests.support import call, mcp_session, unique
 
 
 async def _remember(s, **fields) -> str:  # type: ignore[no-untyped-def]
@@ -15,6 +15,8 @@ async def _remember(s, **fields) -> str:  # type: ignore[no-untyped-def]
 async def test_amend_every_field_writes_versions(stack, mcp_url: str, master_key: str) -> None:
     async with mcp_session(mcp_url, master_key) as s:
         fid = await _remember(s, content="The build cache lives on the shared NFS volume.", keywords=["nfs"])
+        before = await call(s, "recall", {"keywords": ["nfs"], "pageSize": 50})
+        assert "The build cache lives on the shared NFS volume." in [f["content"] for f in before["fragments"]]
         first = await call(s, "amend", {"id": fid, "content": "The build cache moved to S3 with a 7 day lifecycle rule.",
                                         "topic": "build", "type": "decision", "importance": 0.9, "isAnchor": True,
                                         "phase": "implementation", "outcome": "cache moved"})
@@ -25,6 +27,9 @@ async def test_amend_every_field_writes_versions(stack, mcp_url: str, master_key
         unchanged = await call(s, "amend", {"id": fid, "phase": "implementation"})
         assert unchanged == {"success": True, "updated": False, "id": fid, "changes": []}
         found = await call(s, "recall", {"keywords": ["s3"], "pageSize": 5})
+        # The same recall as before the amend is not served from a stale cache.
+        after = await call(s, "recall", {"keywords": ["nfs"], "pageSize": 50})
+        assert "The build cache lives on the shared NFS volume." not in [f["content"] for f in after["fragments"]]
     row = await fragment(stack.database_url, fid)
     assert row["content"] == "The build cache moved to S3 with a 7 day lifecycle rule."
     assert (row["topic"], row["type"], row["phase"], row["outcome"], row["assertion_status"]) == ("build", "decision", "implementation", "cache moved", "verified")
