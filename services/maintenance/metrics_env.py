@@ -8,9 +8,12 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import sys
 import tempfile
 
-if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+# Only a `celery worker` process: beat, scripts and tests that import the app keep the
+# ordinary in-process registry (and never hand the variable to processes they start).
+if "worker" in sys.argv[1:] and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     _dir = tempfile.mkdtemp(prefix="engram-worker-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = _dir
     _owner = os.getpid()

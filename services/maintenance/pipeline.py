@@ -220,8 +220,10 @@ async def _anomaly_scan(ctx: CycleContext, conn: asyncpg.Connection, limit: int)
     return {"processed": len(anomalies), "anomalies": anomalies[:limit]}
 
 
-# Limits: measured on the 100k bench (bench/consolidation_bench.py) so the whole cycle stays
-# well under 30 s on 2 cores; a backlog larger than a limit drains over the next cycles.
+# Limits bound each run; a backlog drains over the next cycles. Measured with
+# bench/consolidation_bench.py on 2 busy cores at 100k fragments: a row rewrite costs
+# ~1-1.5 ms (mostly the HNSW insert of a non-HOT update), so 10k rewrites per row-writing
+# stage keep a backlog cycle under a minute while a steady-state cycle takes ~9 s.
 STAGES: tuple[Stage, ...] = (
     Stage("embedding_backfill", _backfill, 2_000, "embed fragments stored without an embedding"),
     # Decay before tiers: the tier rules read the decayed importance, so a rerun is a no-op.
