@@ -104,3 +104,19 @@ def test_the_contract_names_the_pipelines_stages() -> None:
     from shared.contract.maintenance import CONSOLIDATION_STAGES
 
     assert set(STAGE_NAMES) == set(CONSOLIDATION_STAGES)
+
+
+async def test_memory_consolidate_without_redis_is_a_clear_error() -> None:
+    """Without a broker there is no worker to run the cycle: the tool says so instead of
+    hanging (ingest never imports the worker's code to run it inline)."""
+    from types import SimpleNamespace
+
+    from services.common.internal import ToolContext
+    from services.ingest.admin_tools import memory_consolidate
+    from shared.domain.principal import Principal
+
+    request = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(celery=None)))
+    body, is_error = await memory_consolidate(request, ToolContext(principal=Principal.master()), {})  # type: ignore[arg-type]
+    assert is_error and "Redis" in body["error"]
+    with pytest.raises(Exception, match="unknown"):
+        await memory_consolidate(request, ToolContext(principal=Principal.master()), {"stages": ["nope"]})  # type: ignore[arg-type]
