@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import asyncpg
+
 from services.maintenance.runtime import WorkerRuntime
 from services.maintenance.similarity import similar_pairs
 from shared.domain.dedup import SEMANTIC_DUPLICATE_MIN, contradiction_signal, decide_merge
@@ -150,3 +152,22 @@ async def _check(
         await runs_repo.finish_run(conn, run_id, "succeeded", summary)
     summary["runId"] = run_id
     return summary
+
+
+async def auto_fsck_every_tenant(rt: WorkerRuntime) -> dict[str, Any]:
+    """Beat's auto-fsck: one incremental run per tenant, so one tenant's failure is that
+    tenant's failed run, not a stopped sweep (mnemory: per-user errors are isolated)."""
+    async with rt.pool.acquire() as conn:
+        tenants = await fsck_repo.tenants_with_fragments(conn)
+    results: dict[str, Any] = {}
+    for tenant in tenants:
+        try:
+            summary = await run_fsck(rt, run_id=None, tenant=tenant.label, incremental=True, auto_apply=True)
+        except asyncpg.PostgresConnectionError:
+            raise  # the database is gone for everyone: the task retries
+        except (asyncpg.PostgresError, ValueError) as exc:
+            logger.exception("auto-fsck of %s failed", tenant.label)
+            results[tenant.label] = {"error": f"{exc.__class__.__name__}: {exc}"}
+            continue
+        results[tenant.label] = {"runId": summary["runId"], "issues": summary["issues"], "applied": summary.get("autoApplied", 0)}
+    return {"tenants": len(tenants), "runs": results}

@@ -73,6 +73,9 @@ def fsck(run_id: int | None = None, tenant: str | None = None, incremental: bool
 
 @app.task(name="maintenance.auto_fsck", autoretry_for=RETRYABLE, **RETRY)
 def auto_fsck(run_id: int | None = None, tenant: str | None = None) -> dict[str, Any]:
-    """Incremental check that applies fixes above FSCK_AUTO_MIN_CONFIDENCE / _SEVERITY."""
+    """Incremental check that applies fixes above FSCK_AUTO_MIN_CONFIDENCE / _SEVERITY; from
+    beat (no run, no tenant) one run per tenant."""
     rt = runtime()
+    if run_id is None and tenant is None:
+        return rt.run(lambda _pool: fsck_service.auto_fsck_every_tenant(rt))
     return rt.run(lambda _pool: fsck_service.run_fsck(rt, run_id=run_id, tenant=tenant, incremental=True, auto_apply=True))

@@ -143,3 +143,8 @@ async def apply_issues(conn: asyncpg.Connection, run_id: int, issue_ids: list[in
         applied.append(row["id"])
         await conn.execute("UPDATE fsck_issues SET status = 'applied', applied_at = now() WHERE id = $1", row["id"])
     return {"applied": applied, "failed": failed}
+
+
+async def tenants_with_fragments(conn: asyncpg.Connection) -> list[Tenant]:
+    rows = await conn.fetch("SELECT DISTINCT key_id FROM fragments WHERE valid_to IS NULL")
+    return [Tenant(all=False, key_id=r["key_id"]) for r in rows]

@@ -120,3 +120,21 @@ async def test_manual_reflect_routes(mstack, db, embedder) -> None:
         assert queued.status_code == 202 and queued.json()["sessionId"] == sid
         assert (await http.post(f"{PREFIX}/sessions/reflect-all")).status_code == 202
     assert await wait_for(lambda: db.fetchval("SELECT reflected_at FROM sessions WHERE id = $1", sid), timeout=60)
+
+
+async def test_beat_auto_fsck_runs_once_per_tenant(mstack, db, embedder, producer) -> None:
+    from shared.jobs import QUEUE_MAINTENANCE
+
+    _, key_a = await new_key(mstack.database_url)
+    _, key_b = await new_key(mstack.database_url)
+    a = await add_fragment(db, embedder, "qwerty", key_id=key_a)
+    b = await add_fragment(db, embedder, "A normal note about the release calendar.", key_id=key_b)
+    # As beat sends it: no run, no tenant.
+    import asyncio
+
+    await asyncio.to_thread(producer.send_task, "maintenance.auto_fsck", queue=QUEUE_MAINTENANCE)
+    runs = await wait_for(lambda: db.fetch(
+        "SELECT tenant, status FROM maintenance_runs WHERE job = 'auto_fsck' AND tenant = ANY($1::text[]) AND status = 'succeeded'",
+        [f"key:{key_a}", f"key:{key_b}"]), timeout=120)
+    assert {r["tenant"] for r in runs} == {f"key:{key_a}", f"key:{key_b}"}
+    assert await fragment(db, a) is None and await fragment(db, b) is not None
