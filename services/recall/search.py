@@ -90,13 +90,17 @@ async def layered_search(
 
     lexical_text = req.text or " ".join(req.keywords)
     extras = _lexical_extras(req.text, req.keywords)
-    scope = json.dumps([principal.key_id, principal.visible_key_ids, flt.__dict__], default=str, sort_keys=True)
+    # IDF is a property of the corpus the caller searches (tenant + workspace), not of this
+    # query's type / importance / time filters: counted there, it is shared by every query
+    # of the scope and stays cached.
+    corpus = FragmentFilter(workspace=flt.workspace, caller_session=flt.caller_session)
+    scope = json.dumps([principal.key_id, principal.visible_key_ids, flt.workspace], default=str)
     now = time.monotonic()
     terms = await retrieval.query_terms(conn, lexical_text, extras)
     dfs = df_cache.get_many(scope, terms, now)
     missing = [t for t in terms if t not in dfs]
     if missing:
-        fresh = await retrieval.document_frequencies(conn, principal, flt, missing)
+        fresh = await retrieval.document_frequencies(conn, principal, corpus, missing)
         df_cache.put(scope, fresh, now)
         dfs.update(fresh)
     stats = retrieval.term_stats(dfs, scope_total)

@@ -269,7 +269,8 @@ async def _search(
     semantic_text = args.text or " ".join([*keywords, args.contextText or ""]).strip()
     vector = asyncio.ensure_future(res.embed_query(semantic_text)) if semantic_text else None
     filter_only = not args.text and not keywords and not args.contextText
-    scope_total = 0 if filter_only else await res.scope_total(conn, ctx, flt, latest)
+    corpus = FragmentFilter(workspace=flt.workspace, caller_session=flt.caller_session)
+    scope_total = 0 if filter_only else await res.scope_total(conn, ctx, corpus, latest)
     outcome = await layered_search(
         conn, ctx.principal, flt,
         SearchRequest(text=args.text, keywords=keywords, vector=vector, semantic_label="L3" if args.text else "L3kw",

@@ -19,12 +19,12 @@ BM25_K1 = 0.9
 BM25_B = 0.4
 # A term in more rows than this is counted as this many: its IDF is near zero anyway, and
 # counting stops early instead of walking a huge posting list.
-DF_CAP = 2000
+DF_CAP = 5000
 # Rows the candidate-generating terms may match in total: the rarest terms are taken until
 # their document frequencies add up to this (at least one). Common words still score, but do
 # not drag tens of thousands of rows of a 100k store through ranking for little IDF; a
 # 400-turn conversation never reaches the budget (LoCoMo dev unchanged).
-MATCH_BUDGET = 2000
+MATCH_BUDGET = 6000
 # Full-text matches pre-ranked by ts_rank before BM25 scores them (bounds the work when a
 # common term matches a large share of a 100k store).
 PRE_RANK = 300
