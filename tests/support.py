@@ -25,6 +25,7 @@ def new_stack_config(data_dir: Path, **overrides: Any) -> StackConfig:
         ingest_port=free_port(),
         pg_port=free_port(),
         redis_port=free_port(),
+        worker_metrics_port=free_port(),
         redis_url=os.environ.get("REDIS_URL") or None,
         extra_env={"ENGRAM_ENV": "test", "LOG_LEVEL": "INFO"},
     )

@@ -22,6 +22,7 @@ def _config_from_env() -> StackConfig:
         ingest_port=int(os.environ.get("INGEST_PORT", "57334")),
         pg_port=int(os.environ.get("ENGRAM_PG_PORT", "57340")),
         redis_port=int(os.environ.get("ENGRAM_REDIS_PORT", "57341")),
+        worker_metrics_port=int(os.environ.get("WORKER_METRICS_PORT", "57342")),
         database_url=os.environ.get("DATABASE_URL") or None,
         redis_url=os.environ.get("REDIS_URL") or None,
         redis_enabled=os.environ.get("REDIS_ENABLED", "true").lower() != "false",

@@ -49,6 +49,7 @@ class StackConfig:
     ingest_port: int = 57334
     pg_port: int = 57340
     redis_port: int = 57341
+    worker_metrics_port: int = 57342
     database_url: str | None = None
     redis_url: str | None = None
     redis_enabled: bool = True
@@ -209,7 +210,7 @@ class Stack:
                     "worker",
                     [*celery, "worker", "--loglevel", "INFO", "--concurrency", "1", "-Q", "maintenance,batch",
                      "-n", f"engram-{self.config.gateway_port}@%h"],
-                    self.base_env(),
+                    self.base_env() | {"WORKER_METRICS_PORT": str(self.config.worker_metrics_port)},
                     self.log_dir / "worker.log",
                 )
             )
