@@ -1,6 +1,7 @@
 """Write-path benchmark through MCP: remember latency and batch_remember throughput.
 
     python -m bench.ingest_bench [--url URL --key KEY] [--remember 200] [--batch-fragments 4000] [--clients 2,4]
+                                 [--async-fragments 2000]
 
 Embeddings are computed synchronously by the ingest service on every write, so these
 numbers include the embedding model.
@@ -10,9 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import time
 
 from bench.corpus import generate
-from bench.harness import LATENCY_HEADER, Target, add_target_arguments, latency_row, mcp_session, print_table, target_from, timed_call
+from bench.harness import (
+    LATENCY_HEADER, Target, add_target_arguments, call, latency_row, mcp_session, print_table, target_from, timed_call,
+)
 from bench.loading import BATCH, load, run_namespace, scoped
 
 WARMUP = 10
@@ -32,7 +36,33 @@ async def remember_latency(target: Target, count: int, seed: int) -> list[float]
     return samples
 
 
-async def run(target: Target, remember_count: int, batch_fragments: int, client_counts: list[int], seed: int) -> None:
+async def async_throughput(target: Target, count: int, seed: int) -> tuple[float, int, int]:
+    """batch_remember(async=true): all batches queued at once, timed until batch_status says
+    every job completed (the worker stores them through ingest). Returns (s, processed, failed)."""
+    memories = generate(count, seed=seed)
+    namespace = run_namespace("async")
+    fragments = [scoped(m.fragment, namespace) for m in memories]
+    async with mcp_session(target) as session:
+        began = time.perf_counter()
+        jobs = []
+        for start in range(0, len(fragments), BATCH):
+            reply = await call(session, "batch_remember", {"fragments": fragments[start:start + BATCH], "async": True})
+            if reply.get("jobId"):
+                jobs.append(reply["jobId"])
+        processed = failed = 0
+        for job in jobs:
+            while True:
+                status = await call(session, "batch_status", {"jobId": job})
+                if status.get("state") in ("completed", "dead"):
+                    processed += status["processed"]
+                    failed += status["failed"]
+                    break
+                await asyncio.sleep(0.2)
+        return time.perf_counter() - began, processed, failed
+
+
+async def run(target: Target, remember_count: int, batch_fragments: int, client_counts: list[int], seed: int,
+              async_fragments: int = 0) -> None:
     if remember_count:
         samples = await remember_latency(target, remember_count, seed)
         print_table("remember (sequential, one client, embeddings on)", LATENCY_HEADER, [latency_row("remember", samples)])
@@ -52,6 +82,13 @@ async def run(target: Target, remember_count: int, batch_fragments: int, client_
         ["clients", "fragments", "seconds", "fragments/s", "batch p50 ms", "batch p95 ms", "failed", "duplicates"],
         rows,
     )
+    if async_fragments:
+        seconds, processed, failed = await async_throughput(target, async_fragments, seed + 500)
+        print_table(
+            "batch_remember async=true: queued to completed (worker -> ingest)",
+            ["fragments", "seconds", "fragments/s", "processed", "failed"],
+            [[str(async_fragments), f"{seconds:.1f}", f"{processed / seconds:.0f}", str(processed), str(failed)]],
+        )
 
 
 def parse_clients(text: str) -> list[int]:
@@ -64,10 +101,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--remember", type=int, default=200, help="sequential remember calls timed (after 10 warm-up)")
     parser.add_argument("--batch-fragments", type=int, default=4000, help="fragments stored per concurrency level")
     parser.add_argument("--clients", type=parse_clients, default=[2, 4], help="concurrency levels, e.g. 2,4")
+    parser.add_argument("--async-fragments", type=int, default=0, help="fragments stored with async=true (0 = skip)")
     parser.add_argument("--seed", type=int, default=101)
     args = parser.parse_args(argv)
     with target_from(args) as target:
-        asyncio.run(run(target, args.remember, args.batch_fragments, args.clients, args.seed))
+        asyncio.run(run(target, args.remember, args.batch_fragments, args.clients, args.seed, args.async_fragments))
 
 
 if __name__ == "__main__":

@@ -146,7 +146,10 @@ async def test_read_your_writes(mcp_url: str, master_key: str) -> None:
         stored = await call(s, "remember", {"content": f"The {marker} service owns invoice rendering.", "topic": "owners", "type": "fact", "workspace": ws})
         found = await call(s, "recall", {"text": "who renders invoices", "workspace": ws})
         batch = await call(s, "batch_remember", {"workspace": ws, "fragments": [
-            {"content": f"Batch note {i}: the {marker} queue has partition {i}.", "topic": "owners", "type": "fact"} for i in range(3)]})
+            {"content": text, "topic": "owners", "type": "fact"} for text in (
+                f"The {marker} ledger closes at midnight UTC every day.",
+                f"Invoices handled by {marker} are archived after seven years.",
+                f"The {marker} dashboard shows revenue per sales region.")]})
         by_kw = await call(s, "recall", {"keywords": [marker], "workspace": ws, "pageSize": 10})
     assert found["fragments"][0]["id"] == stored["id"]
     assert {r["id"] for r in batch["results"]} <= {f["id"] for f in by_kw["fragments"]}
