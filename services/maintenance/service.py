@@ -11,12 +11,15 @@ import logging
 from typing import Any
 
 import asyncpg
+import redis.asyncio as aioredis
 from opentelemetry import trace
+from redis.exceptions import RedisError
 
 from services.maintenance.pipeline import STAGE_NAMES, CycleContext, run_cycle
 from services.maintenance.runtime import WorkerRuntime
 from shared.repositories import links as links_repo
 from shared.repositories import maintenance as runs_repo
+from shared.recall_cache import bump_recall_generation
 from shared.repositories.maintenance import Tenant
 from shared.telemetry import correlation_id
 
@@ -38,6 +41,20 @@ async def link_sweep(pool: asyncpg.Pool) -> int:
     if not ids:
         return 0
     return await link_new_fragments(pool, ids)
+
+
+async def _invalidate_recall_cache(rt: WorkerRuntime) -> None:
+    """A cycle rewrites, merges and deletes fragments: cached recalls must not outlive it.
+    (Recall also re-checks each cached fragment's updated_at; this drops whole entries.)"""
+    if not rt.settings.redis_active:
+        return
+    client = aioredis.Redis.from_url(rt.settings.redis_url, socket_connect_timeout=2, socket_timeout=2)
+    try:
+        await bump_recall_generation(client, all_tenants=True)
+    except RedisError:
+        logger.warning("could not invalidate recall's L1 cache after consolidation", exc_info=True)
+    finally:
+        await client.aclose()
 
 
 async def _with_tenant_lock(conn: asyncpg.Connection, name: str) -> bool:
@@ -90,6 +107,7 @@ async def consolidate(
         await runs_repo.finish_run(lock_conn, run_id, status, report, error)
     finally:
         await pool.release(lock_conn)
+    await _invalidate_recall_cache(rt)
     report["runId"] = run_id
     logger.info("%s run %s (%s) %s", claimed["job"], run_id, scope.label, status)
     return report

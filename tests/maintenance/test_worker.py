@@ -168,3 +168,23 @@ async def test_a_run_survives_its_worker_process_being_killed(mstack, db, embedd
     assert done == "succeeded"
     missing = await db.fetchval("SELECT count(*) FROM fragments WHERE id = ANY($1::text[]) AND embedding IS NULL", ids)
     assert missing == 0
+
+
+async def test_consolidation_invalidates_recall_cache(mstack, db, producer) -> None:
+    """A cycle rewrites and deletes fragments; afterwards no cached recall may be served."""
+    import redis.asyncio as aioredis
+
+    from shared.recall_cache import EPOCH
+
+    client = aioredis.Redis.from_url(mstack.redis_url)
+    try:
+        before = int(await client.get(EPOCH) or 0)
+        run = await run_task(db, producer, tenant="master", stages=["anomalies"])
+        assert run["status"] == "succeeded"
+
+        async def bumped() -> bool:
+            return int(await client.get(EPOCH) or 0) > before
+
+        assert await wait_for(bumped, timeout=15)
+    finally:
+        await client.aclose()
