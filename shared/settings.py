@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from datetime import timedelta
 from functools import lru_cache
 from typing import Annotated, Literal
@@ -172,3 +174,30 @@ class MaintenanceSettings(CommonSettings):
 @lru_cache(maxsize=1)
 def embedding_settings() -> EmbeddingSettings:
     return EmbeddingSettings()
+
+
+# seed: "40000ms 이상으로 변경하지 않는다" (never raise it to 40 s or more).
+MAX_TIMEOUT_MS = 40_000
+
+
+class LLMSettings(BaseSettings):
+    model_config = SettingsConfigDict(extra="ignore")
+
+    base_url: str | None = Field(None, alias="LLM_BASE_URL")
+    api_key: str | None = Field(None, alias="LLM_API_KEY")
+    model: str | None = Field(None, alias="LLM_MODEL")
+    timeout_ms: int = Field(30_000, alias="GEMINI_TIMEOUT_MS", gt=0)
+    # Calls one maintenance run (a cycle, an fsck, one AutoReflect) may make.
+    max_calls_per_run: int = Field(20, alias="LLM_MAX_CALLS_PER_RUN", ge=0)
+
+    @field_validator("timeout_ms")
+    @classmethod
+    def _cap(cls, value: int) -> int:
+        if value >= MAX_TIMEOUT_MS:
+            logging.getLogger(__name__).warning("GEMINI_TIMEOUT_MS=%s capped below %s ms", value, MAX_TIMEOUT_MS)
+            return MAX_TIMEOUT_MS - 1_000
+        return value
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.base_url and self.model)
