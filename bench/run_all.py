@@ -1,4 +1,5 @@
-"""`make bench`: the write-path and read-path benchmarks at 10k on one private stack.
+"""`make bench`: the write-path and read-path benchmarks at 10k on one private stack, then
+the consolidation cycle at the same size.
 
     python -m bench.run_all [--url URL --key KEY] [--n 10000]
 """
@@ -9,6 +10,8 @@ import argparse
 import asyncio
 import os
 import platform
+import subprocess
+import sys
 import time
 
 from bench import ingest_bench, recall_bench
@@ -27,6 +30,8 @@ def main(argv: list[str] | None = None) -> None:
     with target_from(args) as target:
         asyncio.run(ingest_bench.run(target, remember_count=200, batch_fragments=2000, client_counts=[2, 4], seed=101))
         asyncio.run(recall_bench.run(target, args.n, args.queries, clients=4, settle=20, seed=7))
+    # The consolidation cycle runs in-process on its own embedded Postgres (see its docstring).
+    subprocess.run([sys.executable, "-m", "bench.consolidation_bench", "--sizes", str(args.n)], check=True)
     print(f"bench done in {time.perf_counter() - started:.0f} s")
 
 
