@@ -130,10 +130,13 @@ class GatewayEdge:
         registry = getattr(self.state, "registry", None)
         headers = Headers(scope=scope)
         session_id = headers.get("mcp-session-id")
-        if registry is not None and scope["method"] == "POST" and session_id is None:
+        # seed: same Bearer, no Mcp-Session-Id -> the existing session comes back. Only for
+        # requests inside a session: an `initialize` always opens a new one, because two live
+        # clients sharing one key would otherwise share one session and its JSON-RPC ids, and
+        # each would receive the other's replies (or none).
+        if registry is not None and scope["method"] == "POST" and session_id is None and body and not _is_initialize(body):
             reused = registry.for_token(token, "streamable-http")
             if reused is not None and reused.session_id in self.state.session_manager._server_instances:  # noqa: SLF001
-                # seed: same Bearer, no Mcp-Session-Id -> the existing session comes back.
                 scope["headers"] = [*scope["headers"], (b"mcp-session-id", reused.session_id.encode())]
         if registry is not None and scope["method"] == "DELETE" and session_id:
             session = registry.get(session_id)
@@ -169,6 +172,15 @@ class GatewayEdge:
             self._usage.clear()
         self._usage[key_id] = (now + USAGE_CACHE_SECONDS, used)
         return used
+
+
+def _is_initialize(body: bytes) -> bool:
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return False
+    messages = message if isinstance(message, list) else [message]
+    return any(isinstance(m, dict) and m.get("method") == "initialize" for m in messages)
 
 
 def _is_tool_call(body: bytes) -> bool:

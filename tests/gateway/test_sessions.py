@@ -15,7 +15,7 @@ from mcp.client.sse import sse_client
 
 from tests.gateway.conftest import Gateway
 from tests.gateway.wire import RawMcp, db, rpc_body, wait_for
-from tests.support import Stack, call, create_api_key, unique
+from tests.support import Stack, call, create_api_key, mcp_session, unique
 
 
 async def active_session(mcp: RawMcp) -> dict[str, Any]:
@@ -81,15 +81,17 @@ async def test_token_based_session_reuse(stack: Stack) -> None:
     async with httpx.AsyncClient(timeout=30) as http:
         first = RawMcp(http, stack.mcp_url, raw)
         await first.initialize()
-        # same Bearer, no Mcp-Session-Id: the session comes back
-        again = RawMcp(http, stack.mcp_url, raw)
-        await again.initialize()
-        assert again.session_id == first.session_id
+        # same Bearer, no Mcp-Session-Id on a request inside a session: the session comes back
         bare = await http.post(
             stack.mcp_url, json={"jsonrpc": "2.0", "id": 9, "method": "tools/list"},
             headers={**first.headers, "mcp-protocol-version": "2025-06-18"},
         )
         assert bare.status_code == 200 and bare.headers["mcp-session-id"] == first.session_id
+        # A second initialize with the same Bearer is a second client: its own session, so two
+        # live clients of one key never share JSON-RPC ids.
+        again = RawMcp(http, stack.mcp_url, raw)
+        await again.initialize()
+        assert again.session_id != first.session_id
         stranger = RawMcp(http, stack.mcp_url, other)
         await stranger.initialize()
         assert stranger.session_id != first.session_id
@@ -105,6 +107,23 @@ async def test_token_based_session_reuse(stack: Stack) -> None:
         await fresh.initialize()
         assert fresh.session_id != first.session_id
         await fresh.delete()
+
+
+async def test_two_clients_with_one_key_both_get_their_replies(stack: Stack) -> None:
+    raw, _ = await create_api_key(stack.database_url)
+    ws = unique()
+
+    async def client(n: int) -> list[str]:
+        async with mcp_session(stack.mcp_url, raw) as s:
+            ids = []
+            for i in range(3):
+                stored = await call(s, "remember", {"content": f"Client {n} stored note number {i} about the parallel run.",
+                                                    "topic": "parallel", "type": "fact", "workspace": ws})
+                ids.append(stored["id"])
+            return ids
+
+    first, second = await asyncio.wait_for(asyncio.gather(client(1), client(2)), timeout=120)
+    assert len(set(first) | set(second)) == 6
 
 
 async def _rotate(http: httpx.AsyncClient, gateway: Gateway, key: str | None, session_id: str | None, origin: str | None = "https://example.com", body: Any = None) -> httpx.Response:
