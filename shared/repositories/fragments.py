@@ -57,6 +57,23 @@ def content_morphemes(content: str) -> str:
     return " ".join(korean_morphemes(content) or [])
 
 
+async def refresh_search_tsv(conn: asyncpg.Connection, fragment_id: str) -> None:
+    """Rebuild the full-text vector from the row as it now is, with the insert's weights
+    (prose stemmed, topic + keywords exact, Korean morphemes beside the prose)."""
+    content = await conn.fetchval("SELECT content FROM fragments WHERE id = $1", fragment_id)
+    if content is None:
+        return
+    await conn.execute(
+        """
+        UPDATE fragments SET search_tsv = setweight(to_tsvector('english', content), 'B')
+            || setweight(to_tsvector('simple', topic || ' ' || array_to_string(keywords, ' ')), 'A')
+            || setweight(to_tsvector('simple', $2), 'B')
+        WHERE id = $1
+        """,
+        fragment_id, content_morphemes(content),
+    )
+
+
 async def insert_many(conn: asyncpg.Connection, fragments: list[NewFragment]) -> None:
     if fragments:
         await conn.executemany(_INSERT, [_insert_args(f) for f in fragments])

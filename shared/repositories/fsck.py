@@ -15,6 +15,7 @@ from shared.domain.fragment import content_hash
 from shared.domain.fsck import Issue
 from shared.domain.principal import SqlParams
 from shared.repositories.maintenance import Tenant
+from shared.repositories import fragments as fragments_repo
 
 
 async def fragments_to_check(conn: asyncpg.Connection, tenant: Tenant, *, incremental: bool, limit: int) -> list[asyncpg.Record]:
@@ -105,9 +106,7 @@ async def _apply_action(conn: asyncpg.Connection, key_id: str | None, action: di
             # backfill stage re-embeds it (a stale vector would find the old text).
             await conn.execute(
                 """
-                UPDATE fragments SET content = $2, content_hash = $3, embedding = NULL, updated_at = now(),
-                    search_tsv = setweight(to_tsvector('english', $2), 'B')
-                        || setweight(to_tsvector('simple', topic || ' ' || array_to_string(keywords, ' ')), 'A')
+                UPDATE fragments SET content = $2, content_hash = $3, embedding = NULL, updated_at = now()
                 WHERE id = $1
                 """,
                 action["id"], action["content"], content_hash(action["content"]),
@@ -115,6 +114,7 @@ async def _apply_action(conn: asyncpg.Connection, key_id: str | None, action: di
         for column in ("keywords", "topic", "type"):
             if column in action:
                 await conn.execute(f"UPDATE fragments SET {column} = $2, updated_at = now() WHERE id = $1", action["id"], action[column])
+        await fragments_repo.refresh_search_tsv(conn, action["id"])
     else:
         raise FixRefused(f"unknown action {kind!r}")
 

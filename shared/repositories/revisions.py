@@ -11,6 +11,7 @@ import asyncpg
 from shared.domain.principal import Principal, SqlParams, write_scope
 from shared.repositories import links as links_repo
 from shared.repositories.fragments import FRAGMENT_COLUMNS
+from shared.repositories import fragments as fragments_repo
 
 # Columns amend may set; search_tsv is recomputed from content / topic / keywords in SQL
 # the same way the insert writes it.
@@ -74,15 +75,7 @@ async def apply_changes(conn: asyncpg.Connection, fragment_id: str, changes: dic
     await conn.execute(
         f"UPDATE fragments SET {', '.join(sets)}, updated_at = now() WHERE id = $1", fragment_id, *changes.values()
     )
-    # Full-text vector rebuilt from the row as it now is (same weights as the insert).
-    await conn.execute(
-        """
-        UPDATE fragments SET search_tsv = setweight(to_tsvector('english', content), 'B')
-            || setweight(to_tsvector('simple', topic || ' ' || array_to_string(keywords, ' ')), 'A')
-        WHERE id = $1
-        """,
-        fragment_id,
-    )
+    await fragments_repo.refresh_search_tsv(conn, fragment_id)
 
 
 async def supersede(conn: asyncpg.Connection, principal: Principal, new_id: str, targets: list[str]) -> list[str]:

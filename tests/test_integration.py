@@ -1,0 +1,27 @@
+"""Seams between the areas: what one service writes, another reads correctly."""
+
+from __future__ import annotations
+
+from tests.support import Stack, call, create_api_key, mcp_session, unique
+
+
+# Eleven nouns before the one searched for: "서버" is not among the 10 stored keywords, so
+# only the full-text vector (with its morphemes) can find it.
+KOREAN = "회의에서 예산, 일정, 인력, 보안, 감사, 계약, 품질, 고객, 마케팅, 영업, 채용을 논의했고 마지막에 결제 서버가 멈췄다."
+
+
+async def test_amended_korean_content_is_found_by_its_morphemes(stack: Stack) -> None:
+    """amend rebuilds the full-text vector the way remember builds it (Korean morphemes too)."""
+    raw, _ = await create_api_key(stack.database_url, permissions=["read", "write"])
+    ws = unique()
+    async with mcp_session(stack.mcp_url, raw) as s:
+        stored = await call(s, "remember", {"content": "The staging deploy finished without problems today.",
+                                            "topic": "deploy", "type": "fact", "workspace": ws})
+        amended = await call(s, "amend", {"id": stored["id"], "content": KOREAN})
+        assert amended.get("success", True) is not False
+        stored_keywords = (await call(s, "recall", {"text": "회의 예산", "workspace": ws, "includeKeywords": True,
+                                                    "includeLinks": False}))["fragments"][0]["keywords"]
+        assert "서버" not in stored_keywords
+        found = await call(s, "recall", {"keywords": ["서버"], "workspace": ws, "includeLinks": False})
+    assert stored["id"] in [f["id"] for f in found["fragments"]]
+    assert "L2:" in found["searchPath"] and not found["searchPath"].startswith("L2:0")
