@@ -18,7 +18,7 @@ from services.gateway.auth import bearer_token
 from services.gateway.limits import body_limit_for
 from services.gateway.mcp_server import PRINCIPAL_SCOPE_KEY
 from shared.domain.principal import Principal
-from shared.repositories import keys as keys_repo
+from shared.repositories import fragments as fragments_repo
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +167,8 @@ class GatewayEdge:
         if cached and cached[0] > now:
             return cached[1]
         async with self.state.pool.acquire() as conn:
-            used = await keys_repo.fragment_count(conn, key_id)
+            # The same count ingest enforces the quota with (every row the key owns).
+            used = await fragments_repo.count_owned(conn, key_id)
         if len(self._usage) > 10_000:
             self._usage.clear()
         self._usage[key_id] = (now + USAGE_CACHE_SECONDS, used)

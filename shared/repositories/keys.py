@@ -118,11 +118,6 @@ async def delete_key(conn: asyncpg.Connection, key_id: str) -> bool:
     return await conn.fetchval("DELETE FROM api_keys WHERE id = $1 RETURNING true", key_id) is not None
 
 
-async def fragment_count(conn: asyncpg.Connection, key_id: str) -> int:
-    """Fragments a key owns, counted against its fragment_limit."""
-    return int(await conn.fetchval("SELECT count(*) FROM fragments WHERE key_id = $1 AND valid_to IS NULL", key_id))
-
-
 async def count_call(conn: asyncpg.Connection, key_id: str) -> int:
     """Count one tool call against today's (UTC) usage; returns the calls made today."""
     return int(
