@@ -430,8 +430,9 @@ SESSION_RETENTION = timedelta(days=30)
 
 
 async def clean_sessions(conn: asyncpg.Connection, tenant: Tenant, idle_ttl: timedelta, limit: int) -> dict[str, Any]:
-    """End sessions idle past idle_ttl (the reflect sweep then reflects them); delete session
-    rows that ended and were reflected (or gave up) more than SESSION_RETENTION ago."""
+    """End sessions idle past idle_ttl (the reflect sweep then reflects them); drop the
+    working memory (scope=session fragments) of reflected sessions; delete session rows that
+    ended and were reflected (or gave up) more than SESSION_RETENTION ago."""
     params = SqlParams()
     scope = tenant.clause(params, "s.key_id")
     expired = await conn.execute(
@@ -440,6 +441,21 @@ async def clean_sessions(conn: asyncpg.Connection, tenant: Tenant, idle_ttl: tim
         WHERE s.id IN (
             SELECT s.id FROM sessions s
             WHERE {scope} AND s.ended_at IS NULL AND s.last_activity_at < now() - {params.add(idle_ttl)}::interval
+            LIMIT {params.add(limit)}
+        )
+        """,
+        *params.values,
+    )
+    # seed: scope=session fragments are working memory and go with their session, once the
+    # session's reflect has had them (AutoReflect reads them).
+    params = SqlParams()
+    scope = tenant.clause(params)
+    working = await conn.execute(
+        f"""
+        DELETE FROM fragments d WHERE d.id IN (
+            SELECT f.id FROM fragments f JOIN sessions s ON s.id = f.session_id
+            WHERE {scope} AND f.scope = 'session' AND s.ended_at IS NOT NULL
+              AND (s.reflected_at IS NOT NULL OR s.reflect_attempts >= 5)
             LIMIT {params.add(limit)}
         )
         """,
@@ -458,7 +474,12 @@ async def clean_sessions(conn: asyncpg.Connection, tenant: Tenant, idle_ttl: tim
         """,
         *params.values,
     )
-    return {"processed": _count(expired) + _count(deleted), "expired": _count(expired), "deleted": _count(deleted)}
+    return {
+        "processed": _count(expired) + _count(working) + _count(deleted),
+        "expired": _count(expired),
+        "workingMemoryDropped": _count(working),
+        "deleted": _count(deleted),
+    }
 
 
 async def anomaly_facts(conn: asyncpg.Connection, tenant: Tenant) -> list[asyncpg.Record]:

@@ -169,3 +169,24 @@ async def test_llm_judges_the_ambiguous_band_only_when_configured(mstack, db, em
     assert len(fake_llm.requests) > before
     assert fake_llm.requests[-1]["auth"] == "Bearer fake-key" and fake_llm.requests[-1]["path"] == "/v1/chat/completions"
     assert run["result"]["llmCalls"] >= 1
+
+
+async def test_working_memory_goes_with_its_reflected_session(mstack, db, embedder, producer) -> None:
+    """seed: scope=session fragments vanish when the session ends (here: once reflected)."""
+    _, key = await new_key(mstack.database_url)
+    ended, live = f"wm-ended-{key}#1", f"wm-live-{key}#1"
+    await db.execute(
+        """INSERT INTO sessions (id, transport_id, key_id, started_at, last_activity_at, ended_at, reflected_at)
+           VALUES ($1, $2, $3, now(), now(), now(), now()), ($4, $5, $3, now(), now(), NULL, NULL)""",
+        ended, ended.split("#")[0], key, live, live.split("#")[0],
+    )
+    scratch = await add_fragment(db, embedder, "Scratch note: try the blue deployment first.", key_id=key,
+                                 session_id=ended, scope="session")
+    kept = await add_fragment(db, embedder, "The blue deployment is the canary.", key_id=key, session_id=ended)
+    current = await add_fragment(db, embedder, "Scratch note: the green one is still warming up.", key_id=key,
+                                 session_id=live, scope="session")
+    run = await run_task(db, producer, tenant=f"key:{key}", stages=["session_cleanup"])
+    assert run["status"] == "succeeded", run
+    assert run["result"]["stages"]["session_cleanup"]["workingMemoryDropped"] == 1
+    assert await fragment(db, scratch) is None
+    assert await fragment(db, kept) is not None and await fragment(db, current) is not None
