@@ -25,3 +25,29 @@ async def test_amended_korean_content_is_found_by_its_morphemes(stack: Stack) ->
         found = await call(s, "recall", {"keywords": ["서버"], "workspace": ws, "includeLinks": False})
     assert stored["id"] in [f["id"] for f in found["fragments"]]
     assert "L2:" in found["searchPath"] and not found["searchPath"].startswith("L2:0")
+
+
+async def test_trace_and_correlation_id_ride_from_the_client_to_recall_ingest_and_worker(stack: Stack) -> None:
+    import asyncio
+    import uuid
+
+    trace_id = uuid.uuid4().hex
+    cid = f"cid-{uuid.uuid4().hex[:12]}"
+    headers = {"traceparent": f"00-{trace_id}-{uuid.uuid4().hex[:16]}-01", "x-correlation-id": cid}
+    ws = unique()
+    async with mcp_session(stack.mcp_url, stack.master_key, headers=headers) as s:
+        await call(s, "remember", {"content": "Traced writes carry the caller's trace id to every hop.",
+                                   "topic": "tracing", "type": "fact", "workspace": ws})
+        await call(s, "recall", {"text": "trace id hops", "workspace": ws})
+
+    def logged(name: str) -> bool:
+        text = (stack.log_dir / name).read_text(errors="replace")
+        return any(trace_id in line and cid in line for line in text.splitlines())
+
+    assert logged("ingest.log"), "ingest did not log the caller's trace id and correlation id"
+    assert logged("recall-0.log"), "recall did not log the caller's trace id and correlation id"
+    for _ in range(100):  # the post-commit job reaches the worker with the same ids
+        if logged("worker.log"):
+            break
+        await asyncio.sleep(0.2)
+    assert logged("worker.log"), "the worker's task did not carry the trace id and correlation id"

@@ -126,10 +126,15 @@ def install_internal_api(
             session_id=session.get("id"),
             transport_id=session.get("transport_id"),
         )
+        started = time.perf_counter()
         try:
             result, is_error = await handler(request, ctx, body.arguments)
-        except EngramError:
+        except EngramError as exc:
             TOOL_CALLS.labels(service, name, "error").inc()
+            logger.info("tool %s error %s in %.1f ms (key %s)", name, exc.code, (time.perf_counter() - started) * 1000, ctx.principal.key_id)
             raise
-        TOOL_CALLS.labels(service, name, "tool_error" if is_error else "ok").inc()
+        outcome = "tool_error" if is_error else "ok"
+        TOOL_CALLS.labels(service, name, outcome).inc()
+        # One line per call: the log format carries the trace id and correlation id.
+        logger.info("tool %s %s in %.1f ms (key %s)", name, outcome, (time.perf_counter() - started) * 1000, ctx.principal.key_id)
         return JSONResponse({"result": result, "isError": is_error})
