@@ -210,7 +210,8 @@ class Stack:
                     "worker",
                     [*celery, "worker", "--loglevel", "INFO", "--concurrency", "1", "-Q", "maintenance,batch",
                      "-n", f"engram-{self.config.gateway_port}@%h"],
-                    self.base_env() | {"WORKER_METRICS_PORT": str(self.config.worker_metrics_port)},
+                    # extra_env still wins: a caller that chose the port knows where to scrape.
+                    self.base_env() | {"WORKER_METRICS_PORT": str(self.config.worker_metrics_port)} | self.config.extra_env,
                     self.log_dir / "worker.log",
                 )
             )
