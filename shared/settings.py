@@ -14,6 +14,15 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 DEV_MASTER_KEY = "engram-dev-master-key"
 
 
+def seconds_or_duration(value: object) -> object:
+    """A bare number is seconds (as the reference's config writes them); else ISO 8601."""
+    if isinstance(value, str) and value.replace(".", "", 1).isdigit():
+        return timedelta(seconds=float(value))
+    if isinstance(value, (int, float)):
+        return timedelta(seconds=value)
+    return value
+
+
 class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_file=None, extra="ignore", case_sensitive=False)
 
@@ -125,12 +134,7 @@ class IngestSettings(CommonSettings):
     @field_validator("feedback_cooldown", mode="before")
     @classmethod
     def _seconds(cls, value: object) -> object:
-        """A bare number is seconds (900 in the reference's config)."""
-        if isinstance(value, str) and value.replace(".", "", 1).isdigit():
-            return timedelta(seconds=float(value))
-        if isinstance(value, (int, float)):
-            return timedelta(seconds=value)
-        return value
+        return seconds_or_duration(value)
 
     @property
     def feedback_sampling_on(self) -> bool:

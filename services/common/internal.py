@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 from shared.domain.errors import EngramError, InvalidParams
 from shared.domain.principal import Principal
 from shared.telemetry import CORRELATION_HEADER, correlation_id, extract_context, new_correlation_id
+from shared.db import ping
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,19 @@ def parse_arguments(model: type[BaseModel], arguments: dict[str, Any]) -> Any:
             where = ".".join(str(p) for p in err["loc"]) or "arguments"
             problems.append(f"{where}: {err['msg']}")
         raise InvalidParams("Invalid params: " + "; ".join(problems)) from None
+
+
+def database_health(service: str) -> Callable[[Request], Awaitable[JSONResponse]]:
+    """GET /health of an internal service: ready while its Postgres pool answers."""
+
+    async def health(request: Request) -> JSONResponse:
+        try:
+            await ping(request.app.state.resources.pool)
+        except Exception as exc:  # top-level health probe: any failure means "not ready"
+            return JSONResponse({"status": "degraded", "database": f"error: {exc.__class__.__name__}"}, status_code=503)
+        return JSONResponse({"status": "healthy", "service": service, "database": "ok"})
+
+    return health
 
 
 def install_observability(app: FastAPI, service: str) -> None:

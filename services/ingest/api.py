@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 
-from services.common.internal import ToolContext
+from services.common.internal import ToolContext, database_health
 from services.ingest import amend as amend_tool
 from services.ingest import batch as batch_tool
 from services.ingest import forget as forget_tool
@@ -16,19 +15,10 @@ from services.ingest import reflect as reflect_tool
 from services.ingest import remember as remember_tool
 from services.ingest.admin_tools import TOOL_HANDLERS as ADMIN_TOOL_HANDLERS
 from services.ingest.service import after_commit, invalidate_recall_cache
-from shared.db import ping
 from shared.jobs import JobBuffer
 
 router = APIRouter()
-
-
-@router.get("/health")
-async def health(request: Request) -> JSONResponse:
-    try:
-        await ping(request.app.state.resources.pool)
-    except Exception as exc:  # top-level health probe: any failure means "not ready"
-        return JSONResponse({"status": "degraded", "database": f"error: {exc.__class__.__name__}"}, status_code=503)
-    return JSONResponse({"status": "healthy", "service": "ingest", "database": "ok"})
+router.add_api_route("/health", database_health("ingest"), methods=["GET"])
 
 
 def _wrote(result: tuple[dict[str, Any], bool], arguments: dict[str, Any]) -> bool:

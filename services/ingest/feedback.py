@@ -11,29 +11,15 @@ import logging
 import random
 from datetime import datetime, timezone
 from typing import Any
-from zoneinfo import ZoneInfo
 
 from redis.exceptions import RedisError
 
 from services.ingest.service import WriteResources
+from shared.domain.server_time import server_time  # noqa: F401 (re-exported)
 
 logger = logging.getLogger(__name__)
 
-KST = ZoneInfo("Asia/Seoul")
-_WEEKDAYS_KO = "월화수목금토일"
 _KEY = "engram:feedback:{session}"
-
-
-def server_time(now: datetime | None = None) -> dict[str, Any]:
-    # Same four fields recall's _meta carries (services/recall/service.py).
-    now = now or datetime.now(timezone.utc)
-    kst = now.astimezone(KST)
-    return {
-        "iso": now.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-        "epoch_ms": int(now.timestamp() * 1000),
-        "display_kst": f"{kst.year}년 {kst.month}월 {kst.day}일 ({_WEEKDAYS_KO[kst.weekday()]}) {kst:%H:%M}",
-        "timezone": "Asia/Seoul",
-    }
 
 
 def _hint(tool: str) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from services.maintenance.celery_app import app
 from services.maintenance.runtime import runtime
 from shared.jobs import QUEUE_BATCH
 from shared.repositories.batch_jobs import BatchQueue, Claimed
-from shared.settings import CommonSettings
+from shared.settings import CommonSettings, seconds_or_duration
 from shared.telemetry import inject_headers
 
 logger = logging.getLogger(__name__)
@@ -53,12 +53,7 @@ class BatchWorkerSettings(CommonSettings):
     @field_validator("lease", "recover_interval", mode="before")
     @classmethod
     def _seconds(cls, value: object) -> object:
-        """A bare number is seconds."""
-        if isinstance(value, str) and value.replace(".", "", 1).isdigit():
-            return timedelta(seconds=float(value))
-        if isinstance(value, (int, float)):
-            return timedelta(seconds=value)
-        return value
+        return seconds_or_duration(value)
 
 
 class IngestUnavailable(Exception):

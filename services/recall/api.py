@@ -5,22 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 
-from services.common.internal import ToolContext
+from services.common.internal import ToolContext, database_health
 from services.recall import service, tools
-from shared.db import ping
 
 router = APIRouter()
-
-
-@router.get("/health")
-async def health(request: Request) -> JSONResponse:
-    try:
-        await ping(request.app.state.resources.pool)
-    except Exception as exc:  # top-level health probe: any failure means "not ready"
-        return JSONResponse({"status": "degraded", "database": f"error: {exc.__class__.__name__}"}, status_code=503)
-    return JSONResponse({"status": "healthy", "service": "recall", "database": "ok"})
+router.add_api_route("/health", database_health("recall"), methods=["GET"])
 
 
 def _handler(fn: Any) -> Any:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from datetime import datetime, timezone
 from typing import Any
-from zoneinfo import ZoneInfo
 
 import asyncpg
 from redis.exceptions import RedisError
@@ -13,9 +12,8 @@ from redis.exceptions import RedisError
 from shared.domain.principal import Principal
 from shared.repositories import events as events_repo
 from shared.repositories import recall_views
+from shared.domain.server_time import server_time  # noqa: F401 (re-exported)
 
-KST = ZoneInfo("Asia/Seoul")
-_WEEKDAYS_KO = "월화수목금토일"
 # suggestion no_type_filter_noisy: a key scope with more fragments than this.
 NOISY_SCOPE = 100
 # suggestion repeat_query: the same keywords this many times within the window.
@@ -32,17 +30,6 @@ EXPLAIN_DETAIL = {
     "case_cohort_member": "동일 case_id 코호트",
     "recent_activity_ema": "ema_activation 상위 가점",
 }
-
-
-def server_time(now: datetime | None = None) -> dict[str, Any]:
-    now = now or datetime.now(timezone.utc)
-    kst = now.astimezone(KST)
-    return {
-        "iso": now.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-        "epoch_ms": int(now.timestamp() * 1000),
-        "display_kst": f"{kst.year}년 {kst.month}월 {kst.day}일 ({_WEEKDAYS_KO[kst.weekday()]}) {kst:%H:%M}",
-        "timezone": "Asia/Seoul",
-    }
 
 
 def explanations(layers: set[str], *, time_filtered: bool, case_mode: bool, has_case: bool, activation: float) -> list[dict[str, str]]:
