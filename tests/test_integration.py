@@ -44,7 +44,7 @@ async def test_trace_and_correlation_id_ride_from_the_client_to_recall_ingest_an
         text = (stack.log_dir / name).read_text(errors="replace")
         return any(trace_id in line and cid in line for line in text.splitlines())
 
-    assert logged("ingest.log"), "ingest did not log the caller's trace id and correlation id"
+    assert logged("ingest.log"), "ingest did not log the caller's trace id and correlation id:\n" + "\n".join((stack.log_dir / "ingest.log").read_text(errors="replace").splitlines()[-8:])
     assert logged("recall-0.log"), "recall did not log the caller's trace id and correlation id"
     for _ in range(100):  # the post-commit job reaches the worker with the same ids
         if logged("worker.log"):

@@ -12,6 +12,7 @@ import asyncpg
 import mcp_types as types
 from mcp.server.lowlevel.server import Server
 from mcp.shared.exceptions import MCPError
+from opentelemetry import trace
 from prometheus_client import Counter
 
 from services.common.internal import parse_arguments
@@ -23,8 +24,10 @@ from shared.domain.errors import INVALID_REQUEST, EngramError, PermissionDenied
 from shared.domain.principal import Principal
 from shared.repositories import keys as keys_repo
 from shared.repositories import topics as topics_repo
+from shared.telemetry import CORRELATION_HEADER, correlation_id, extract_context, new_correlation_id
 
 logger = logging.getLogger(__name__)
+_tracer = trace.get_tracer("engram.gateway")
 
 PRINCIPAL_SCOPE_KEY = "engram.principal"
 SESSION_STATE_KEY = "engram.session"
@@ -187,6 +190,20 @@ def build_mcp_server(gw: GatewayContext, version: str) -> Server[Any]:
             raise MCPError(code=DAILY_LIMIT_EXCEEDED, message=f"Daily limit exceeded ({principal.daily_limit} calls per day)")
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        # The handler runs in the session's task, whose context came from whichever request
+        # opened it; this call's trace context and correlation id come from its own headers.
+        request = getattr(ctx, "request", None)
+        headers = {k.lower(): v for k, v in request.headers.items()} if request is not None else {}
+        token = correlation_id.set(headers.get(CORRELATION_HEADER) or new_correlation_id())
+        try:
+            with _tracer.start_as_current_span(
+                f"tools/call {params.name}", context=extract_context(headers), kind=trace.SpanKind.SERVER
+            ):
+                return await _call_tool(ctx, params)
+        finally:
+            correlation_id.reset(token)
+
+    async def _call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         principal = _principal(ctx)
         spec = TOOLS_BY_NAME.get(params.name)
         if spec is None:
