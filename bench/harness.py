@@ -7,7 +7,6 @@ SDK client and the master key, as an agent would see it.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import shutil
 import statistics
@@ -19,10 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx2
 from mcp import ClientSession
-from mcp.client.streamable_http import streamable_http_client
 
+from services.stack import client
 from services.stack.supervisor import Stack, StackConfig, free_port
 
 logger = logging.getLogger("engram.bench")
@@ -89,18 +87,8 @@ def target_from(args: argparse.Namespace) -> Iterator[Target]:
 
 @asynccontextmanager
 async def mcp_session(target: Target) -> AsyncIterator[ClientSession]:
-    headers = {"Authorization": f"Bearer {target.key}"}
-    async with httpx2.AsyncClient(headers=headers, timeout=300) as http:
-        async with streamable_http_client(target.mcp_url, http_client=http) as (read, write):
-            async with ClientSession(read, write) as session:
-                await session.initialize()
-                yield session
-
-
-def payload(result: Any) -> dict[str, Any]:
-    if getattr(result, "structured_content", None) is not None:
-        return result.structured_content
-    return json.loads(result.content[0].text)
+    async with client.mcp_session(target.mcp_url, target.key, timeout=300) as session:
+        yield session
 
 
 async def call(session: ClientSession, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -108,7 +96,7 @@ async def call(session: ClientSession, tool: str, arguments: dict[str, Any]) -> 
     if getattr(result, "is_error", False):
         text = result.content[0].text if result.content else ""
         raise ToolFailed(f"{tool} failed: {text[:300]}")
-    return payload(result)
+    return client.payload(result)
 
 
 async def timed_call(session: ClientSession, tool: str, arguments: dict[str, Any]) -> tuple[float, dict[str, Any]]:

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx2
-from mcp import ClientSession
-from mcp.client.streamable_http import streamable_http_client
-
+from services.stack.client import mcp_session, payload
 from services.stack.supervisor import Stack, StackConfig, free_port
 
 
@@ -38,24 +32,7 @@ def unique(prefix: str = "ws") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
-@asynccontextmanager
-async def mcp_session(url: str, key: str, headers: dict[str, str] | None = None) -> AsyncIterator[ClientSession]:
-    all_headers = {"Authorization": f"Bearer {key}", **(headers or {})}
-    async with httpx2.AsyncClient(headers=all_headers, timeout=60) as http:
-        async with streamable_http_client(url, http_client=http) as (read, write):
-            async with ClientSession(read, write) as session:
-                await session.initialize()
-                yield session
-
-
-def payload(result: Any) -> dict[str, Any]:
-    """A tool result's JSON: structuredContent, else the first text content."""
-    if getattr(result, "structured_content", None) is not None:
-        return result.structured_content
-    return json.loads(result.content[0].text)
-
-
-async def call(session: ClientSession, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+async def call(session: Any, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
     result = await session.call_tool(tool, arguments)
     return payload(result)
 

@@ -134,7 +134,7 @@ class GatewayEdge:
         # requests inside a session: an `initialize` always opens a new one, because two live
         # clients sharing one key would otherwise share one session and its JSON-RPC ids, and
         # each would receive the other's replies (or none).
-        if registry is not None and scope["method"] == "POST" and session_id is None and body and not _is_initialize(body):
+        if registry is not None and scope["method"] == "POST" and session_id is None and body and not _has_method(body, "initialize"):
             reused = registry.for_token(token, "streamable-http")
             if reused is not None and reused.session_id in self.state.session_manager._server_instances:  # noqa: SLF001
                 scope["headers"] = [*scope["headers"], (b"mcp-session-id", reused.session_id.encode())]
@@ -144,7 +144,7 @@ class GatewayEdge:
                 await registry.close(session_id, "client_delete")
         if scope["method"] != "POST" or principal.key_id is None or principal.fragment_limit is None or not body:
             return send
-        if not _is_tool_call(body):
+        if not _has_method(body, "tools/call"):
             return send
         limit = principal.fragment_limit
         used = await self._fragment_usage(principal.key_id)
@@ -175,22 +175,14 @@ class GatewayEdge:
         return used
 
 
-def _is_initialize(body: bytes) -> bool:
+def _has_method(body: bytes, method: str) -> bool:
+    """Whether a JSON-RPC body (single or batch) carries a request for `method`."""
     try:
         message = json.loads(body)
     except ValueError:
         return False
     messages = message if isinstance(message, list) else [message]
-    return any(isinstance(m, dict) and m.get("method") == "initialize" for m in messages)
-
-
-def _is_tool_call(body: bytes) -> bool:
-    try:
-        message = json.loads(body)
-    except ValueError:
-        return False
-    messages = message if isinstance(message, list) else [message]
-    return any(isinstance(m, dict) and m.get("method") == "tools/call" for m in messages)
+    return any(isinstance(m, dict) and m.get("method") == method for m in messages)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
