@@ -49,6 +49,9 @@ class CycleContext:
     _pairs: list[SimilarPair] | None = None
     _groups: list[tuple[str | None, str | None, str]] = field(default_factory=list)
     merged_away: set[str] = field(default_factory=set)
+    # A pair stage stopped at its limit: the groups' marks must not advance, or the pairs it
+    # did not reach would never be compared again.
+    capped: bool = False
     # New fragments one cycle compares with their groups (their groups' marks then advance).
     scan_limit: int = 10_000
 
@@ -117,6 +120,7 @@ async def _semantic(ctx: CycleContext, conn: asyncpg.Connection, limit: int) -> 
         merges.append((decision.removed, decision.survivor))
         ctx.merged_away.add(decision.removed)
         if len(merges) >= limit:
+            ctx.capped = True
             break
     merged = await repo.merge_into(conn, merges)
     return {
@@ -142,6 +146,7 @@ async def _contradictions(ctx: CycleContext, conn: asyncpg.Connection, limit: in
     signals: dict[str, int] = {}
     for pair in await ctx.pairs():
         if len(links) >= limit:
+            ctx.capped = True
             break
         a, b = pair.a, pair.b
         if a["id"] in ctx.merged_away or b["id"] in ctx.merged_away:
@@ -270,7 +275,7 @@ async def run_cycle(ctx: CycleContext, only: list[str] | None = None) -> dict[st
         result["limit"] = stage.limit
         result["durationMs"] = round(elapsed * 1000, 1)
         report["stages"][stage.name] = result
-    if ctx._pairs is not None and not failed:
+    if ctx._pairs is not None and not failed and not ctx.capped:
         # Compared this cycle: later cycles compare only what is newer than the marks.
         async with ctx.pool.acquire() as conn:
             await repo.advance_marks(conn, ctx._groups)

@@ -190,3 +190,40 @@ async def test_working_memory_goes_with_its_reflected_session(mstack, db, embedd
     assert run["result"]["stages"]["session_cleanup"]["workingMemoryDropped"] == 1
     assert await fragment(db, scratch) is None
     assert await fragment(db, kept) is not None and await fragment(db, current) is not None
+
+
+async def test_a_capped_dedup_run_leaves_the_rest_for_the_next_cycle(mstack, db, embedder, monkeypatch) -> None:
+    """Bounded work per run must not mean forgotten work: when semantic dedup stops at its
+    limit, the group's mark stays put and the next cycle merges what was left."""
+    import dataclasses
+
+    from services.maintenance import pipeline
+    from shared.db import create_pool
+    from shared.llm import LLMClient, LLMSettings
+    from shared.repositories.maintenance import Tenant
+    from shared.settings import MaintenanceSettings
+
+    _, key = await new_key(mstack.database_url)
+    for i in range(3):
+        text = f"The nightly export number {i} writes its archive to the cold storage bucket."
+        await add_fragment(db, embedder, text + ".", key_id=key, topic=f"export-{i}", age_days=1)
+        # Older than the marks' lag, so only an unadvanced mark lets a later cycle see it again.
+        await add_fragment(db, embedder, text + "!", key_id=key, topic=f"export-{i}", age_days=0.5)
+    # The same stage, limited to one merge per cycle.
+    monkeypatch.setattr(pipeline, "STAGES", [
+        dataclasses.replace(s, limit=1) if s.name == "semantic_dedup" else s for s in pipeline.STAGES
+    ])
+    pool = await create_pool(mstack.database_url, min_size=1, max_size=2)
+    llm = LLMClient(LLMSettings(LLM_BASE_URL=None, LLM_MODEL=None))
+    try:
+        merged = []
+        for _ in range(3):
+            ctx = pipeline.CycleContext(pool=pool, tenant=Tenant.parse(f"key:{key}"), settings=MaintenanceSettings(),
+                                        llm=llm, budget=llm.budget(), embedder=lambda: embedder)
+            report = await pipeline.run_cycle(ctx, only=["semantic_dedup"])
+            merged.append(report["stages"]["semantic_dedup"]["processed"])
+    finally:
+        await pool.close()
+    assert merged == [1, 1, 1]
+    live = await db.fetchval("SELECT count(*) FROM fragments WHERE key_id = $1 AND valid_to IS NULL", key)
+    assert live == 3
