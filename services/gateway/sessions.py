@@ -130,13 +130,7 @@ class SessionRegistry:
                 session.seq += 1
                 session.segment_started = now
                 SEGMENT_ROTATIONS.labels(reason).inc()
-                async with self.pool.acquire() as conn:
-                    async with conn.transaction():
-                        ended = await sessions_repo.end(conn, old, reason)
-                        await self._start_row(conn, session, previous_id=old)
-                if ended and session.segment_calls:
-                    await self._reflect(old, session.principal.key_id, reason)
-                session.segment_calls = 0
+                await self._hand_over(session, old, reason)
             session.last_activity = now
             session.segment_calls += 1
             segment = session.segment_id(self.segmented)
@@ -158,14 +152,19 @@ class SessionRegistry:
             self.by_id[new_id] = self.by_id.pop(old_id)
             if session.token_digest and self.by_token.get(session.token_digest) == old_id:
                 self.by_token[session.token_digest] = new_id
-            async with self.pool.acquire() as conn:
-                async with conn.transaction():
-                    ended = await sessions_repo.end(conn, old_segment, reason)
-                    await self._start_row(conn, session, previous_id=old_segment)
-            if ended and session.segment_calls:
-                await self._reflect(old_segment, session.principal.key_id, reason)
-            session.segment_calls = 0
+            await self._hand_over(session, old_segment, reason)
             return old_id, new_id
+
+    async def _hand_over(self, session: GatewaySession, old_segment: str, reason: str) -> None:
+        """End the old segment's row and start the session's new one in one transaction;
+        the ended segment goes to reflect if it saw a tool call."""
+        async with self.pool.acquire() as conn:
+            async with conn.transaction():
+                ended = await sessions_repo.end(conn, old_segment, reason)
+                await self._start_row(conn, session, previous_id=old_segment)
+        if ended and session.segment_calls:
+            await self._reflect(old_segment, session.principal.key_id, reason)
+        session.segment_calls = 0
 
     async def close(self, session_id: str, reason: str) -> None:
         session = self.by_id.pop(session_id, None)

@@ -27,18 +27,20 @@ _PRINCIPAL_SQL = """
         JOIN key_group_members m2 ON m2.group_id = m1.group_id
         WHERE m1.key_id = k.id
     ) AS group_key_ids
-    FROM api_keys k WHERE {where} AND k.status = 'active'
+    FROM api_keys k WHERE {where}
 """
 
 
 async def principal_for_raw_key(conn: asyncpg.Connection, raw: str) -> Principal | None:
     """The active key with this raw value, with the keys its groups let it read."""
-    return _principal(await conn.fetchrow(_PRINCIPAL_SQL.format(where="k.key_hash = $1"), hash_key(raw)))
+    return _principal(await conn.fetchrow(_PRINCIPAL_SQL.format(where="k.key_hash = $1 AND k.status = 'active'"), hash_key(raw)))
 
 
-async def principal_for_key_id(conn: asyncpg.Connection, key_id: str) -> Principal | None:
-    """The active key with this id (an OAuth token bound to it), as principal_for_raw_key."""
-    return _principal(await conn.fetchrow(_PRINCIPAL_SQL.format(where="k.id = $1"), key_id))
+async def principal_for_key_id(conn: asyncpg.Connection, key_id: str, *, active_only: bool = True) -> Principal | None:
+    """The key with this id (an OAuth token bound to it), as principal_for_raw_key.
+    Background jobs finishing a key's work (reflect of its session) pass active_only=False."""
+    where = "k.id = $1 AND k.status = 'active'" if active_only else "k.id = $1"
+    return _principal(await conn.fetchrow(_PRINCIPAL_SQL.format(where=where), key_id))
 
 
 def _principal(row: asyncpg.Record | None) -> Principal | None:

@@ -15,6 +15,7 @@ from typing import Any
 import asyncpg
 
 from shared.domain.principal import Principal, SqlParams
+from shared.repositories import keys as keys_repo
 
 
 @dataclass(frozen=True)
@@ -160,34 +161,11 @@ async def consolidation_status(conn: asyncpg.Connection, *, enabled: bool, inter
 
 
 async def principal_for_key_id(conn: asyncpg.Connection, key_id: str | None) -> Principal | None:
-    """The principal a background job acts as for a key (None = the master key)."""
+    """The principal a background job acts as for a key (None = the master key); an
+    inactive key's session is still reflected as that key."""
     if key_id is None:
         return Principal.master()
-    row = await conn.fetchrow(
-        """
-        SELECT k.*, ARRAY(
-            SELECT DISTINCT m2.key_id FROM key_group_members m1
-            JOIN key_group_members m2 ON m2.group_id = m1.group_id
-            WHERE m1.key_id = k.id
-        ) AS group_key_ids
-        FROM api_keys k WHERE k.id = $1
-        """,
-        key_id,
-    )
-    if row is None:
-        return None
-    return Principal(
-        key_id=row["id"],
-        key_name=row["name"],
-        visible_key_ids=tuple(sorted({row["id"], *row["group_key_ids"]})),
-        permissions=tuple(row["permissions"] or ()),
-        default_workspace=row["default_workspace"],
-        allowed_workspaces=tuple(row["allowed_workspaces"]) if row["allowed_workspaces"] is not None else None,
-        default_mode=row["default_mode"],
-        fragment_limit=row["fragment_limit"],
-        daily_limit=row["daily_limit"],
-        symbolic_hard_gate=row["symbolic_hard_gate"],
-    )
+    return await keys_repo.principal_for_key_id(conn, key_id, active_only=False)
 
 
 # -- AutoReflect -------------------------------------------------------------------------
