@@ -77,9 +77,9 @@ def _jsonable(row: asyncpg.Record | dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _changed(request: Request) -> None:
-    # Key and group changes must not wait out the 10 s credential cache on this replica.
-    request.app.state.authenticator.forget_cached()
+async def _changed(request: Request) -> None:
+    # Key and group changes must not wait out the 10 s credential cache on any replica.
+    await request.app.state.authenticator.forget_cached()
 
 
 @auth_router.post("/auth")
@@ -97,6 +97,7 @@ async def verify_master(request: Request) -> JSONResponse:
 
 @router.get("/keys")
 async def list_keys(request: Request) -> list[dict[str, Any]]:
+    await request.app.state.daily_calls.flush()  # calls_today includes the calls counted in Redis
     async with request.app.state.pool.acquire() as conn:
         return [_jsonable(r) for r in await keys_repo.list_keys(conn)]
 
@@ -115,7 +116,7 @@ async def _update(request: Request, key_id: str, **fields: Any) -> dict[str, Any
         row = await keys_repo.update_key(conn, key_id, **fields)
     if row is None:
         raise HTTPException(status_code=404, detail="key not found")
-    _changed(request)
+    await _changed(request)
     return _jsonable(row)
 
 
@@ -142,7 +143,7 @@ async def delete_key(key_id: str, request: Request) -> dict[str, Any]:
         deleted = await keys_repo.delete_key(conn, key_id)
     if not deleted:
         raise HTTPException(status_code=404, detail="key not found")
-    _changed(request)
+    await _changed(request)
     return {"success": True}
 
 
@@ -167,7 +168,7 @@ async def delete_group(group_id: str, request: Request) -> dict[str, Any]:
         deleted = await keys_repo.delete_group(conn, group_id)
     if not deleted:
         raise HTTPException(status_code=404, detail="group not found")
-    _changed(request)
+    await _changed(request)
     return {"success": True}
 
 
@@ -190,7 +191,7 @@ async def add_member(group_id: str, body: MemberAdd, request: Request) -> dict[s
                 raise HTTPException(status_code=404, detail="group not found")
             if not await keys_repo.add_member(conn, group_id, key_id):
                 raise HTTPException(status_code=404, detail="key not found")
-    _changed(request)
+    await _changed(request)
     return {"success": True, "group_id": group_id, "key_id": key_id}
 
 
@@ -200,5 +201,5 @@ async def remove_member(group_id: str, key_id: str, request: Request) -> dict[st
         removed = await keys_repo.remove_member(conn, group_id, key_id)
     if not removed:
         raise HTTPException(status_code=404, detail="member not found")
-    _changed(request)
+    await _changed(request)
     return {"success": True}

@@ -40,7 +40,7 @@ async def health(request: Request) -> JSONResponse:
             warnings.append("Redis unreachable: L1 cache and working memory disabled; core memory works from PostgreSQL")
     registry = getattr(state, "registry", None)
     if registry is not None:
-        open_sessions = [s.transport for s in registry.by_id.values()]
+        open_sessions = [s.transport for s in registry.sessions()]
         checks["sessions"] = {
             "status": "ok",
             "active": len(open_sessions),

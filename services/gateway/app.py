@@ -25,6 +25,7 @@ from services.gateway.oauth import OAuthService, install_oauth
 from services.gateway.sessions import GatewaySession, SessionRegistry
 from services.gateway.transports import Transports
 from services.gateway.upstream import Upstreams
+from services.gateway.usage import DailyCalls
 from shared.db import create_pool
 from shared.jobs import celery_client
 from shared.settings import GatewaySettings
@@ -85,8 +86,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     transports = Transports(server, settings)
     holder = {"transports": transports}
 
-    async def rotate_session(session: GatewaySession, reason: str) -> dict[str, object]:
-        return await rotation.rotate(transports, session, reason)
+    async def rotate_session(session: GatewaySession, presented_id: str, reason: str) -> dict[str, object]:
+        return await rotation.rotate(transports, session, presented_id, reason)
 
     gw.rotate = rotate_session
 
@@ -100,12 +101,14 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         )
         broker = settings.broker_url or (settings.redis_url if settings.redis_active else None)
         celery = celery_client(broker) if broker else None
-        authenticator = Authenticator(settings.access_key, pool)
+        authenticator = Authenticator(settings.access_key, pool, redis_client)
+        daily_calls = DailyCalls(pool, redis_client)
         registry = SessionRegistry(settings, pool, celery)
-        registry.on_close = transports.forget
+        registry.on_handover = transports.end_transport
         transports.registry = registry
         gw.pool = pool
         gw.registry = registry
+        gw.daily_calls = daily_calls
         app.state.settings = settings
         app.state.pool = pool
         app.state.redis = redis_client
@@ -114,12 +117,15 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         app.state.session_manager = transports.streamable
         app.state.transports = transports
         app.state.registry = registry
+        app.state.daily_calls = daily_calls
         app.state.oauth = OAuthService(pool, settings)
         app.state.limiter = RateLimiter(redis_client)
         try:
             async with transports.streamable.run():
                 yield
         finally:
+            await registry.aclose()
+            await daily_calls.aclose()
             await upstreams.aclose()
             if redis_client is not None:
                 await redis_client.aclose()

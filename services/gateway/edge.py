@@ -65,8 +65,9 @@ class GatewayEdge:
         principal = await self.state.authenticator.authenticate(token) if token else None
         if principal is None and token is None and scope["path"] == "/mcp":
             # seed: Streamable HTTP authenticates at initialize "and the session keeps it":
-            # a live session id stands for the credential that opened the session.
-            session = getattr(self.state, "registry", None) and self.state.registry.get(Headers(scope=scope).get("mcp-session-id"))
+            # a live session id stands for the credential that opened the session (not an id
+            # a rotate replaced: that one works only with the credential itself).
+            session = getattr(self.state, "registry", None) and self.state.registry.speaks_for(Headers(scope=scope).get("mcp-session-id"))
             principal = session.principal if session is not None else None
         if principal is not None:
             scope[PRINCIPAL_SCOPE_KEY] = principal
@@ -130,18 +131,18 @@ class GatewayEdge:
         registry = getattr(self.state, "registry", None)
         headers = Headers(scope=scope)
         session_id = headers.get("mcp-session-id")
-        # seed: same Bearer, no Mcp-Session-Id -> the existing session comes back. Only for
-        # requests inside a session: an `initialize` always opens a new one, because two live
-        # clients sharing one key would otherwise share one session and its JSON-RPC ids, and
-        # each would receive the other's replies (or none).
+        # seed: same Bearer, no Mcp-Session-Id -> the existing session comes back. A request
+        # inside a session goes to the Bearer's latest transport session; an `initialize` opens
+        # a transport session of its own (two live clients of one key never share JSON-RPC
+        # ids) that continues the Bearer's idle logical session (services/gateway/sessions.py).
         if registry is not None and scope["method"] == "POST" and session_id is None and body and not _has_method(body, "initialize"):
             reused = registry.for_token(token, "streamable-http")
-            if reused is not None and reused.session_id in self.state.session_manager._server_instances:  # noqa: SLF001
-                scope["headers"] = [*scope["headers"], (b"mcp-session-id", reused.session_id.encode())]
+            if reused is not None and reused in self.state.session_manager._server_instances:  # noqa: SLF001
+                scope["headers"] = [*scope["headers"], (b"mcp-session-id", reused.encode())]
         if registry is not None and scope["method"] == "DELETE" and session_id:
             session = registry.get(session_id)
             if session is not None and session.principal.key_id == principal.key_id:
-                await registry.close(session_id, "client_delete")
+                await registry.close(session.ids.get(session_id, session_id), "client_delete")
         if scope["method"] != "POST" or principal.key_id is None or principal.fragment_limit is None or not body:
             return send
         if not _has_method(body, "tools/call"):

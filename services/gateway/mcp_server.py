@@ -19,10 +19,10 @@ from services.common.internal import parse_arguments
 from services.gateway import modes, skill_guide
 from services.gateway.sessions import GatewaySession, SessionRegistry
 from services.gateway.upstream import Upstreams
+from services.gateway.usage import DailyCalls
 from shared.contract.catalog import TOOLS, TOOLS_BY_NAME, ToolSpec
 from shared.domain.errors import INVALID_REQUEST, EngramError, PermissionDenied
 from shared.domain.principal import Principal
-from shared.repositories import keys as keys_repo
 from shared.repositories import topics as topics_repo
 from shared.telemetry import CORRELATION_HEADER, correlation_id, extract_context, new_correlation_id
 
@@ -63,6 +63,7 @@ class GatewayContext:
     upstreams: Upstreams
     pool: asyncpg.Pool | None = None
     registry: SessionRegistry | None = None
+    daily_calls: DailyCalls | None = None
     # rotate(session, reason) -> the seed's rotate reply; set by the app (it owns the transports).
     rotate: Any = None
     config: dict[str, Any] = field(default_factory=dict)
@@ -117,15 +118,16 @@ def build_mcp_server(gw: GatewayContext, version: str) -> Server[Any]:
     async def on_initialize(ctx: Any) -> None:
         """Bind the connection to a gateway session: owner, mode, segment."""
         connection = _connection(ctx)
-        session_id = connection.session_id
-        if session_id is None or gw.registry is None:
+        transport_id = connection.session_id
+        if transport_id is None or gw.registry is None:
             return
-        existing = gw.registry.get(session_id)
+        existing = gw.registry.get(transport_id)
         # Legacy SSE: the session was opened (and authenticated) at GET /sse.
         principal = existing.principal if existing is not None else _principal(ctx)
         params = ctx.params or {}
         request = getattr(ctx, "request", None)
         header_mode = modes.normalize(request.headers.get(modes.MODE_HEADER)) if request is not None else None
+        mode_given = bool(header_mode or modes.normalize(params.get("mode")))
         mode = header_mode or modes.normalize(params.get("mode")) or modes.normalize(principal.default_mode)
         bound = connection.state.get(SESSION_STATE_KEY)
         if bound is not None:
@@ -133,7 +135,7 @@ def build_mcp_server(gw: GatewayContext, version: str) -> Server[Any]:
             bound.mode = mode
             return
         if existing is not None:
-            if header_mode or params.get("mode"):
+            if mode_given:
                 existing.mode = mode
             session = existing
         else:
@@ -141,12 +143,12 @@ def build_mcp_server(gw: GatewayContext, version: str) -> Server[Any]:
             if request is not None:
                 scheme, _, value = (request.headers.get("authorization") or "").partition(" ")
                 token = value.strip() if scheme.lower() == "bearer" else None
-            session = await gw.registry.open(session_id, "streamable-http", principal, token, mode)
+            session = await gw.registry.open(transport_id, "streamable-http", principal, token, mode, mode_given=mode_given)
         connection.state[SESSION_STATE_KEY] = session
         registry = gw.registry
 
         async def closed() -> None:
-            await registry.close(session.session_id, "session_end")
+            await registry.close(transport_id, "session_end")
 
         connection.exit_stack.push_async_callback(closed)
 
@@ -178,14 +180,14 @@ def build_mcp_server(gw: GatewayContext, version: str) -> Server[Any]:
             session = _session(ctx)
             if session is None or gw.rotate is None:
                 return {"ok": False, "error": "no session to rotate"}, True
-            return await gw.rotate(session, args.reason or "explicit_rotate"), False
+            presented = gw.registry.client_id(session, _connection(ctx).session_id) if gw.registry else session.session_id
+            return await gw.rotate(session, presented, args.reason or "explicit_rotate"), False
         raise MCPError(code=-32602, message=f"Unknown tool: {spec.name}")
 
     async def enforce_daily_limit(principal: Principal) -> None:
-        if principal.key_id is None or principal.daily_limit is None or gw.pool is None:
+        if principal.key_id is None or principal.daily_limit is None or gw.daily_calls is None:
             return
-        async with gw.pool.acquire() as conn:
-            calls = await keys_repo.count_call(conn, principal.key_id)
+        calls = await gw.daily_calls.count(principal.key_id)
         if calls > principal.daily_limit:
             raise MCPError(code=DAILY_LIMIT_EXCEEDED, message=f"Daily limit exceeded ({principal.daily_limit} calls per day)")
 
@@ -295,6 +297,8 @@ def build_mcp_server(gw: GatewayContext, version: str) -> Server[Any]:
             body = (
                 {
                     "sessionId": session.session_id,
+                    # The id this connection's client uses (a reconnect or a rotate gives it a new one).
+                    "transportId": gw.registry.client_id(session, _connection(ctx).session_id) if gw.registry else session.session_id,
                     "segmentId": session.segment_id(gw.registry.segmented if gw.registry else False),
                     "transport": session.transport,
                     "mode": session.mode,

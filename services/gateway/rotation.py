@@ -38,11 +38,9 @@ def origin_allowed(origin: str, allowed: list[str]) -> bool:
     return any(origin == p or fnmatch.fnmatchcase(origin, p) for p in patterns)
 
 
-async def rotate(transports: Transports, session: GatewaySession, reason: str) -> dict[str, Any]:
+async def rotate(transports: Transports, session: GatewaySession, presented_id: str, reason: str) -> dict[str, Any]:
     assert transports.registry is not None
-    old_id, new_id = await transports.registry.rotate(session, reason)
-    if not transports.rekey(session, old_id, new_id):
-        logger.warning("rotated session %s had no live transport", old_id)
+    old_id, new_id = await transports.registry.rotate(session, presented_id, reason)
     ROTATIONS.labels(reason).inc()
     logger.info("session rotated (%s): %s -> %s", reason, old_id, new_id)
     return {
@@ -87,4 +85,4 @@ async def rotate_endpoint(request: Request) -> JSONResponse:
             if not isinstance(supplied, str) or len(supplied) > MAX_HTTP_REASON:
                 return JSONResponse({"ok": False, "error": f"reason must be a string of at most {MAX_HTTP_REASON} characters"}, status_code=400)
             reason = supplied or DEFAULT_REASON
-    return JSONResponse(await rotate(state.transports, session, reason))
+    return JSONResponse(await rotate(state.transports, session, session_id, reason))

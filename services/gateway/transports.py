@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
+from urllib.parse import parse_qs
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -23,7 +23,7 @@ from starlette.types import Message, Receive, Scope, Send
 from services.gateway import modes
 from services.gateway.edge import TOKEN_SCOPE_KEY
 from services.gateway.mcp_server import PRINCIPAL_SCOPE_KEY
-from services.gateway.sessions import GatewaySession, SessionRegistry
+from services.gateway.sessions import SessionRegistry
 from shared.domain.principal import Principal
 from shared.settings import GatewaySettings
 
@@ -91,7 +91,30 @@ class Transports:
             await unauthorized(scope)(scope, receive, send)
             return
         scope["user"] = _as_user(principal)
-        await self.streamable.handle_request(scope, receive, send)
+        session_id = Headers(scope=scope).get("mcp-session-id")
+        session = self.registry.get(session_id) if self.registry is not None else None
+        if session is None:
+            await self.streamable.handle_request(scope, receive, send)
+            return
+        assert self.registry is not None and session_id is not None
+        transport_id = session.ids.get(session_id, session_id)
+        if transport_id != session_id:  # an id issued by rotate: the SDK knows the transport by its own
+            scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"mcp-session-id"]
+            scope["headers"].append((b"mcp-session-id", transport_id.encode()))
+        if session.ids.get(session.session_id) == transport_id and session.session_id != transport_id:
+            send = _answering_as(session.session_id, send)  # tell the client the id rotate gave it
+        self.registry.request_started(session)
+        try:
+            await self.streamable.handle_request(scope, receive, send)
+        finally:
+            self.registry.request_ended(session, stream=scope["method"] == "GET")
+
+    async def end_transport(self, transport_id: str) -> None:
+        """End a Streamable HTTP transport session whose logical session a reconnect took over."""
+        transport = self.streamable._server_instances.pop(transport_id, None)  # noqa: SLF001
+        self.streamable._session_owners.pop(transport_id, None)  # noqa: SLF001
+        if transport is not None and not transport.is_terminated:
+            await transport.terminate()
 
     # -- legacy SSE --------------------------------------------------------------------
     async def sse_connect(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -116,42 +139,32 @@ class Transports:
                     session_id=session_id,
                 )
             finally:
-                await self.registry.close(session.session_id, "sse_disconnect")
+                await self.registry.close(session_id, "sse_disconnect")
 
     async def sse_message(self, scope: Scope, receive: Receive, send: Send) -> None:
         # seed: POST /message?sessionId=; the SDK reads session_id. Both spellings work.
         query = scope.get("query_string", b"")
         if b"sessionId=" in query and b"session_id=" not in query:
-            scope["query_string"] = query.replace(b"sessionId=", b"session_id=")
+            query = scope["query_string"] = query.replace(b"sessionId=", b"session_id=")
+        values = parse_qs(query.decode()).get("session_id")
+        if values and self.registry is not None:
+            transport_id = self.registry.transport_of(values[0])
+            if transport_id and transport_id != values[0]:  # an id issued by rotate
+                scope["query_string"] = query.replace(values[0].encode(), transport_id.encode())
         await self.sse.handle_post_message(scope, receive, send)
 
-    # -- rotation ----------------------------------------------------------------------
-    def rekey(self, session: GatewaySession, old_id: str, new_id: str) -> bool:
-        """Serve the live transport under its new id; the old id answers 404 from now on."""
-        if session.transport == "streamable-http":
-            instances = self.streamable._server_instances  # noqa: SLF001
-            owners = self.streamable._session_owners  # noqa: SLF001
-            transport = instances.pop(old_id, None)
-            if transport is None:
-                return False
-            transport.mcp_session_id = new_id
-            instances[new_id] = transport
-            if old_id in owners:
-                owners[new_id] = owners.pop(old_id)
-            return True
-        writers = self.sse._read_stream_writers  # noqa: SLF001
-        writer = writers.pop(uuid.UUID(hex=old_id), None)
-        if writer is None:
-            return False
-        writers[uuid.UUID(hex=new_id)] = writer
-        return True
+def _answering_as(session_id: str, send: Send) -> Send:
+    """Answer with the session's current id (after a rotate) in Mcp-Session-Id."""
+    value = session_id.encode()
 
-    def forget(self, session_id: str) -> None:
-        """Drop a rotated transport the SDK can no longer find by its original id."""
-        transport = self.streamable._server_instances.get(session_id)  # noqa: SLF001
-        if transport is not None and transport.is_terminated:
-            self.streamable._server_instances.pop(session_id, None)  # noqa: SLF001
-            self.streamable._session_owners.pop(session_id, None)  # noqa: SLF001
+    async def rewrite(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"mcp-session-id"]
+            headers.append((b"mcp-session-id", value))
+            message = {**message, "headers": headers}
+        await send(message)
+
+    return rewrite
 
 
 def _endpoint_as_seed(send: Send) -> Send:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from datetime import date
 from typing import Any
 
 import asyncpg
@@ -132,6 +133,24 @@ async def count_call(conn: asyncpg.Connection, key_id: str) -> int:
             key_id,
         )
     )
+
+
+async def add_calls(conn: asyncpg.Connection, key_id: str, day: date, calls: int) -> int:
+    """Add calls counted elsewhere (the gateway's Redis counter) to a day's usage; returns the total."""
+    return int(
+        await conn.fetchval(
+            """
+            INSERT INTO api_key_daily_usage (key_id, day, calls) VALUES ($1, $2, $3)
+            ON CONFLICT (key_id, day) DO UPDATE SET calls = api_key_daily_usage.calls + EXCLUDED.calls
+            RETURNING calls
+            """,
+            key_id, day, calls,
+        )
+    )
+
+
+async def calls_on(conn: asyncpg.Connection, key_id: str, day: date) -> int:
+    return int(await conn.fetchval("SELECT COALESCE(max(calls), 0) FROM api_key_daily_usage WHERE key_id = $1 AND day = $2", key_id, day))
 
 
 async def touch_used(conn: asyncpg.Connection, key_id: str) -> None:

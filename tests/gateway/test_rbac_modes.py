@@ -60,7 +60,11 @@ async def _listed(stack: Stack, key: str, headers: dict[str, str] | None = None,
     async with httpx.AsyncClient(timeout=30) as http:
         mcp = RawMcp(http, stack.mcp_url, key, headers)
         await mcp.initialize(params)
-        return [t["name"] for t in (await mcp.rpc("tools/list"))["result"]["tools"]]
+        try:
+            return [t["name"] for t in (await mcp.rpc("tools/list"))["result"]["tools"]]
+        finally:
+            # Ended, so the next initialize of this key does not continue it (and its mode).
+            await mcp.delete()
 
 
 async def test_mode_presets_filter_tools_list(stack: Stack) -> None:
@@ -94,6 +98,7 @@ async def test_tools_list_carries_top_level_meta_on_the_wire(stack: Stack) -> No
         mcp = RawMcp(http, stack.mcp_url, stack.master_key)
         await mcp.initialize()
         tools = {t["name"]: t for t in (await mcp.rpc("tools/list"))["result"]["tools"]}
+        await mcp.delete()
     assert set(tools) == SERVED
     for spec in TOOLS:
         entry = tools[spec.name]

@@ -53,8 +53,12 @@ async def test_session_rows_segments_and_delete(stack: Stack, tuned_gateway: Gat
         assert [a["tool"] for a in info["activity"]] == ["memory_stats"]
         async with db(stack) as conn:
             row = await conn.fetchrow("SELECT * FROM sessions WHERE id = $1", f"{sid}#1")
-        assert row["transport_id"] == sid and row["key_id"] == key_id and row["ended_at"] is None
-        assert json.loads(row["activity"])[0]["tool"] == "memory_stats"
+            assert row["transport_id"] == sid and row["key_id"] == key_id and row["ended_at"] is None
+
+            async def written() -> Any:  # activity reaches the row behind the call
+                return json.loads(await conn.fetchval("SELECT activity FROM sessions WHERE id = $1", f"{sid}#1"))
+
+            assert (await wait_for(written))[0]["tool"] == "memory_stats"
 
         # idle longer than MEMENTO_SESSION_SEGMENT_IDLE (1 s here): the next call opens #2
         await asyncio.sleep(1.5)
@@ -161,8 +165,19 @@ async def test_rotate_endpoint_policy(stack: Stack, tuned_gateway: Gateway) -> N
         assert body["ok"] is True and body["oldSessionId"] == sid and body["reason"] == "suspected_leak"
         new_sid = body["newSessionId"]
         assert new_sid != sid and body["rotatedAt"].endswith("Z")
-        # the old id is dead; the new one carries the same session state (mode, activity)
-        assert (await mcp.request("tools/list")).status_code == 404
+        # The old id no longer stands for the credential on its own (it may have leaked) ...
+        bare = {k: v for k, v in mcp._headers().items() if k != "Authorization"}  # noqa: SLF001
+        ping = {"jsonrpc": "2.0", "id": 50, "method": "ping"}
+        assert (await http.post(tuned_gateway.mcp_url, json=ping, headers=bare)).status_code == 401
+        stolen = await http.post(tuned_gateway.mcp_url, json=ping, headers={**bare, "Authorization": f"Bearer {intruder}"})
+        assert stolen.status_code == 404
+        # ... but the client holding the key keeps its connection (seed: "MCP connection state
+        # is not affected"): the old id reaches the same session, now under the new id.
+        still = await mcp.request("resources/read", {"uri": "memory://active-session"})
+        assert still.status_code == 200 and still.headers["mcp-session-id"] == new_sid
+        assert json.loads(rpc_body(still)["result"]["contents"][0]["text"])["sessionId"] == new_sid
+        # the new id carries the same session state (mode, activity), alone or with the key
+        assert (await http.post(tuned_gateway.mcp_url, json=ping, headers={**bare, "mcp-session-id": new_sid})).status_code == 200
         mcp.session_id = new_sid
         listed = {t["name"] for t in (await mcp.rpc("tools/list"))["result"]["tools"]}
         assert "remember" not in listed and "recall" in listed
@@ -252,10 +267,12 @@ async def test_sse_message_needs_a_live_session(stack: Stack) -> None:
 
 async def test_idle_session_expires_and_is_reflected(stack: Stack, limited_gateway: Gateway) -> None:
     async with httpx.AsyncClient(timeout=30) as http:
-        mcp = RawMcp(http, limited_gateway.mcp_url, stack.master_key)
+        raw, key_id = await create_api_key(stack.database_url)
+        mcp = RawMcp(http, limited_gateway.mcp_url, raw)
         await mcp.initialize()
         await mcp.tool("memory_stats", {})
-        segment = f"{mcp.session_id}#1"
+        segment = (await active_session(mcp))["segmentId"]
+        assert segment == f"{mcp.session_id}#1"
 
         async def ended() -> Any:
             async with db(stack) as conn:
@@ -263,7 +280,12 @@ async def test_idle_session_expires_and_is_reflected(stack: Stack, limited_gatew
 
         # MEMENTO_SESSION_IDLE_TIMEOUT is 3 s on this gateway
         assert await wait_for(ended, timeout=30) == "session_end"
-        assert {"session_id": segment, "key_id": None, "reason": "session_end"} in await reflect_jobs(stack, 1)
+        job = {"session_id": segment, "key_id": key_id, "reason": "session_end"}
+
+        async def sent() -> bool:  # the job follows the row's end
+            return job in await reflect_jobs(stack, 1)
+
+        assert await wait_for(sent)
         assert (await mcp.request("tools/list")).status_code == 404
 
 
@@ -304,8 +326,9 @@ async def test_session_keeps_the_credential_of_initialize(stack: Stack) -> None:
 
 
 async def test_unused_segment_is_ended_without_a_reflect_job(stack: Stack, tuned_gateway: Gateway) -> None:
+    raw, _ = await create_api_key(stack.database_url)
     async with httpx.AsyncClient(timeout=30) as http:
-        mcp = RawMcp(http, tuned_gateway.mcp_url, stack.master_key)
+        mcp = RawMcp(http, tuned_gateway.mcp_url, raw)
         await mcp.initialize()
         await mcp.rpc("tools/list")  # listing is not a tool call
         segment = f"{mcp.session_id}#1"

@@ -1,0 +1,95 @@
+"""Tool calls per key per UTC day, for `daily_limit` and the admin's `calls_today`.
+
+With Redis the count lives there (one INCR per call, shared by every replica) and reaches
+api_key_daily_usage in the background (every FLUSH_SECONDS, and before the admin lists keys),
+so a call costs no database write. A counter Redis does not have yet (a new day, a Redis
+restart) starts from what Postgres holds. Without Redis, or while it is unreachable, each
+call is counted in Postgres as it happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter as Tally
+from datetime import date, datetime, timezone
+
+import asyncpg
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from shared.repositories import keys as keys_repo
+
+logger = logging.getLogger(__name__)
+
+FLUSH_SECONDS = 1.0
+# A day's counter outlives its day long enough for a late flush and clock skew.
+COUNTER_TTL_SECONDS = 2 * 86400
+
+
+def utc_today() -> date:
+    return datetime.now(timezone.utc).date()
+
+
+class DailyCalls:
+    def __init__(self, pool: asyncpg.Pool, redis: aioredis.Redis | None, prefix: str = "engram:calls") -> None:
+        self.pool = pool
+        self.redis = redis
+        self.prefix = prefix
+        # Calls Redis counted that Postgres has not been told about yet.
+        self._unflushed: Tally[tuple[str, date]] = Tally()
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def count(self, key_id: str) -> int:
+        """Count one call; returns the key's calls today, this one included."""
+        day = utc_today()
+        if self.redis is not None:
+            name = f"{self.prefix}:{key_id}:{day.isoformat()}"
+            try:
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.incr(name)
+                pipe.expire(name, COUNTER_TTL_SECONDS)
+                calls = int((await pipe.execute())[0])
+                if calls == 1:  # a counter Redis did not have: add what Postgres knows
+                    async with self.pool.acquire() as conn:
+                        stored = await keys_repo.calls_on(conn, key_id, day)
+                    if stored:
+                        calls = int(await self.redis.incrby(name, stored))
+            except (RedisError, OSError):
+                logger.debug("daily call counter unavailable in Redis; counting in Postgres", exc_info=True)
+            else:
+                self._unflushed[(key_id, day)] += 1
+                if self._flusher is None or self._flusher.done():
+                    self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
+                return calls
+        async with self.pool.acquire() as conn:
+            return await keys_repo.count_call(conn, key_id)
+
+    async def _flush_loop(self) -> None:
+        while self._unflushed:
+            await asyncio.sleep(FLUSH_SECONDS)
+            try:
+                await self.flush()
+            except (asyncpg.PostgresError, OSError):
+                logger.warning("daily call counts not written; retrying", exc_info=True)
+
+    async def flush(self) -> None:
+        """Write the calls counted in Redis to api_key_daily_usage."""
+        pending, self._unflushed = self._unflushed, Tally()
+        if not pending:
+            return
+        try:
+            async with self.pool.acquire() as conn:
+                for (key_id, day), calls in list(pending.items()):
+                    try:
+                        await keys_repo.add_calls(conn, key_id, day, calls)
+                    except asyncpg.ForeignKeyViolationError:
+                        pass  # the key was deleted meanwhile; its usage went with it
+                    del pending[(key_id, day)]
+        finally:
+            self._unflushed.update(pending)  # what was not written goes in the next flush
+
+    async def aclose(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+        await self.flush()
