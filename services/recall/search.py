@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Awaitable
@@ -70,6 +71,29 @@ class SearchOutcome:
     vector: np.ndarray | None = None
 
 
+async def _semantic_on(
+    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, req: SearchRequest
+) -> tuple[np.ndarray | None, list[tuple[str, float]]]:
+    """L3: the query embedding, then the filtered HNSW scan (threshold bounds similarity)."""
+    vector = await req.vector if req.vector is not None else None
+    if vector is None:
+        return None, []
+    semantic = await fragments_repo.vector_candidates(conn, principal, flt, vector, LAYER_DEPTH)
+    if req.threshold is not None:
+        semantic = [(fid, sim) for fid, sim in semantic if sim >= req.threshold]
+    return vector, semantic
+
+
+async def _semantic(
+    pool: asyncpg.Pool, principal: Principal, flt: FragmentFilter, req: SearchRequest
+) -> tuple[np.ndarray | None, list[tuple[str, float]]]:
+    if req.vector is None:
+        return None, []
+    await asyncio.shield(req.vector)  # no second connection is held while the model runs
+    async with pool.acquire() as conn:
+        return await _semantic_on(conn, principal, flt, req)
+
+
 def _lexical_extras(text: str | None, keywords: list[str]) -> list[str]:
     extras = [k.lower() for k in keywords]
     if text and any("\uac00" <= ch <= "\ud7a3" for ch in text):
@@ -80,39 +104,45 @@ def _lexical_extras(text: str | None, keywords: list[str]) -> list[str]:
 
 async def layered_search(
     conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, req: SearchRequest, scope_total: int,
-    df_cache: DocumentFrequencies,
+    df_cache: DocumentFrequencies, pool: asyncpg.Pool | None = None,
 ) -> SearchOutcome:
+    """`pool`, when given, lends a second connection so the vector layer (after the query
+    embedding) runs while the lexical layer does; without it the layers run one after the other."""
     path: list[str] = []
     if req.filter_only:
         ranked = await fragments_repo.filtered_recent(conn, principal, flt, LAYER_DEPTH)
         path.append(f"filter:{len(ranked)}")
         return SearchOutcome(fuse_ranked_lists({"filter": ranked}), path)
 
-    lexical_text = req.text or " ".join(req.keywords)
-    extras = _lexical_extras(req.text, req.keywords)
-    # IDF is a property of the corpus the caller searches (tenant + workspace), not of this
-    # query's type / importance / time filters: counted there, it is shared by every query
-    # of the scope and stays cached.
-    corpus = FragmentFilter(workspace=flt.workspace, caller_session=flt.caller_session)
-    scope = json.dumps([principal.key_id, principal.visible_key_ids, flt.workspace], default=str)
-    now = time.monotonic()
-    terms = await retrieval.query_terms(conn, lexical_text, extras)
-    dfs = df_cache.get_many(scope, terms, now)
-    missing = [t for t in terms if t not in dfs]
-    if missing:
-        fresh = await retrieval.document_frequencies(conn, principal, corpus, missing)
-        df_cache.put(scope, fresh, now)
-        dfs.update(fresh)
-    stats = retrieval.term_stats(dfs, scope_total)
-    lexical, avgdl = await retrieval.bm25_candidates(conn, principal, flt, stats, dfs, LAYER_DEPTH)
-    path.append(f"L2:{len(lexical)}")
-
-    semantic: list[tuple[str, float]] = []
-    vector = await req.vector if req.vector is not None else None
+    semantic_task = asyncio.ensure_future(_semantic(pool, principal, flt, req)) if pool is not None else None
+    try:
+        lexical_text = req.text or " ".join(req.keywords)
+        extras = _lexical_extras(req.text, req.keywords)
+        # IDF is a property of the corpus the caller searches (tenant + workspace), not of this
+        # query's type / importance / time filters: counted there, it is shared by every query
+        # of the scope and stays cached.
+        corpus = FragmentFilter(workspace=flt.workspace, caller_session=flt.caller_session)
+        scope = json.dumps([principal.key_id, principal.visible_key_ids, flt.workspace], default=str)
+        now = time.monotonic()
+        terms = await retrieval.query_terms(conn, lexical_text, extras)
+        dfs = df_cache.get_many(scope, terms, now)
+        missing = [t for t in terms if t not in dfs]
+        if missing:
+            fresh = await retrieval.document_frequencies(conn, principal, corpus, missing)
+            df_cache.put(scope, fresh, now)
+            dfs.update(fresh)
+        stats = retrieval.term_stats(dfs, scope_total)
+        lexical, avgdl = await retrieval.bm25_candidates(conn, principal, flt, stats, dfs, LAYER_DEPTH)
+        path.append(f"L2:{len(lexical)}")
+    except BaseException:
+        if semantic_task is not None:
+            semantic_task.cancel()
+        raise
+    if semantic_task is not None:
+        vector, semantic = await semantic_task
+    else:
+        vector, semantic = await _semantic_on(conn, principal, flt, req)
     if vector is not None:
-        semantic = await fragments_repo.vector_candidates(conn, principal, flt, vector, LAYER_DEPTH)
-        if req.threshold is not None:
-            semantic = [(fid, sim) for fid, sim in semantic if sim >= req.threshold]
         path.append(f"{req.semantic_label}:{len(semantic)}")
 
     candidates: dict[str, set[str]] = {}
@@ -133,8 +163,8 @@ async def layered_search(
     # reciprocal rank cost 0.03 recall@10 on LoCoMo dev (a low-ranked turn next to a strong
     # one is exactly what it lifts).
     neighbours = await retrieval.turn_neighbours(conn, principal, flt, list(candidates))
-    pool = set(candidates) | {n for around in neighbours.values() for n in around}
-    scored = await retrieval.score_ids(conn, principal, list(pool), stats, avgdl, vector)
+    to_score = set(candidates) | {n for around in neighbours.values() for n in around}
+    scored = await retrieval.score_ids(conn, principal, list(to_score), stats, avgdl, vector)
     if req.threshold is not None:
         # threshold bounds similarity: a hit only the vector layer proposed must clear it.
         for fid, layers in list(candidates.items()):

@@ -275,7 +275,7 @@ async def _search(
         conn, ctx.principal, flt,
         SearchRequest(text=args.text, keywords=keywords, vector=vector, semantic_label="L3" if args.text else "L3kw",
                       threshold=args.threshold, filter_only=filter_only),
-        scope_total, res.df_cache,
+        scope_total, res.df_cache, pool=res.pool,
     )
     hits = outcome.hits
     if args.contextText and res.settings.spreading_activation:

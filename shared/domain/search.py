@@ -34,6 +34,13 @@ class FragmentFilter:
     # The caller's own session: session-scoped (working memory) fragments are visible only to it.
     caller_session: str | None = None
 
+    def narrows_beyond_postings(self) -> bool:
+        """Filters the lexical postings don't carry (they carry tenant, workspace and type)."""
+        return any(v is not None for v in (
+            self.topic, self.agent_id, self.min_importance, self.is_anchor, self.affects, self.case_id,
+            self.resolution_status, self.phase, self.time_from, self.time_to, self.as_of, self.session_id,
+        )) or bool(self.exclude_ids)
+
 
 @dataclass
 class RankedHit:

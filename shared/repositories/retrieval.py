@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import asyncpg
 import numpy as np
 
-from shared.domain.principal import Principal, SqlParams, read_scope
+from shared.domain.principal import Principal, SqlParams, read_scope, workspace_scope
 from shared.domain.search import FragmentFilter
 from shared.repositories.fragments import filter_clauses
 
@@ -25,9 +25,15 @@ DF_CAP = 5000
 # not drag tens of thousands of rows of a 100k store through ranking for little IDF; a
 # 400-turn conversation never reaches the budget (LoCoMo dev unchanged).
 MATCH_BUDGET = 6000
-# Full-text matches pre-ranked by ts_rank before BM25 scores them (bounds the work when a
-# common term matches a large share of a 100k store).
+# Candidates scored from the postings alone before the best of them are joined back to
+# fragments for the filters the postings don't carry; more when such filters are set (they
+# may reject many).
 PRE_RANK = 300
+PRE_RANK_FILTERED = 2000
+
+
+# Neighbouring turns are looked for among this many turns each side of a hit.
+NEIGHBOUR_SCAN = 8
 
 
 @dataclass
@@ -59,23 +65,31 @@ async def query_terms(conn: asyncpg.Connection, text: str, extra: list[str]) -> 
 async def document_frequencies(
     conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, terms: list[str]
 ) -> dict[str, int]:
-    """Rows of the caller's filtered scope containing each term, counted up to DF_CAP."""
+    """Fragments of the caller's tenant and workspace containing each term, counted up to
+    DF_CAP: index-only scans over the postings (superseded and other sessions' working
+    memory count too; IDF does not need them apart)."""
     if not terms:
         return {}
     params = SqlParams()
-    where = " AND ".join(filter_clauses(principal, flt, params))
+    where = _postings_scope(principal, flt, params)
     t = params.add(terms)
     sql = f"""
         SELECT q.term, (
             SELECT count(*) FROM (
-                SELECT 1 FROM fragments f
-                WHERE f.search_tsv @@ to_tsquery('simple', quote_literal(q.term)) AND {where}
-                LIMIT {params.add(DF_CAP)}
+                SELECT 1 FROM fragment_terms t WHERE t.term = q.term AND {where} LIMIT {params.add(DF_CAP)}
             ) c
         ) AS df
         FROM unnest({t}::text[]) AS q(term)
     """
     return {r["term"]: int(r["df"]) for r in await conn.fetch(sql, *params.values)}
+
+
+def _postings_scope(principal: Principal, flt: FragmentFilter, params: SqlParams) -> str:
+    """The filters the postings carry themselves: tenant, workspace (+ global), type."""
+    clauses = [read_scope(principal, params, "t"), workspace_scope(flt.workspace, params, "t")]
+    if flt.types:
+        clauses.append(f"t.type = ANY({params.add(list(flt.types))}::text[])")
+    return " AND ".join(clauses)
 
 
 def term_stats(dfs: dict[str, int], total: int) -> TermStats:
@@ -90,11 +104,16 @@ def _quoted(term: str) -> str:
 async def bm25_candidates(
     conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, stats: TermStats, dfs: dict[str, int], limit: int
 ) -> tuple[list[tuple[str, float]], float]:
-    """L2: full-text matches in scope ranked by BM25. Returns (ranked, average doc length)."""
+    """L2: full-text matches in scope ranked by BM25. Returns (ranked, average doc length).
+
+    Postings of the candidate-generating terms are scored without touching fragments; only
+    the best PRE_RANK (more when filters the postings don't carry are set) are joined back
+    for validity, working-memory scope and the recall filters. score_ids rescores the pool
+    with every query term."""
     if not stats.idf:
         return [], 1.0
     # Candidates come from the rarest terms until their posting lists add up to MATCH_BUDGET
-    # rows (at least one term); the other terms still count in the score.
+    # rows (at least one term); the other terms still count in score_ids.
     matching: list[str] = []
     budget = 0
     for term in sorted(stats.idf, key=lambda t: dfs[t]):
@@ -103,21 +122,27 @@ async def bm25_candidates(
         matching.append(term)
         budget += dfs[term]
     params = SqlParams()
+    scope = _postings_scope(principal, flt, params)
     where = " AND ".join(filter_clauses(principal, flt, params))
-    tsq = params.add(" | ".join(_quoted(t) for t in matching))
-    terms = params.add(list(stats.idf))
-    idfs = params.add(list(stats.idf.values()))
+    terms = params.add(matching)
+    idfs = params.add([stats.idf[t] for t in matching])
+    pre_rank = PRE_RANK if not flt.narrows_beyond_postings() else PRE_RANK_FILTERED
     sql = f"""
         WITH q AS (SELECT * FROM unnest({terms}::text[], {idfs}::float8[]) AS q(term, idf)),
-        m AS MATERIALIZED (
-            SELECT f.id, f.search_tsv FROM fragments f
-            WHERE f.search_tsv @@ to_tsquery('simple', {tsq}) AND {where}
-            ORDER BY ts_rank(f.search_tsv, to_tsquery('simple', {tsq})) DESC
-            LIMIT {params.add(PRE_RANK)}
+        p AS MATERIALIZED (
+            SELECT t.fragment_id, t.tf::float8 AS tf, t.dl::float8 AS dl, q.idf
+            FROM q JOIN fragment_terms t ON t.term = q.term WHERE {scope}
         ),
-        d AS (SELECT greatest(avg(length(m.search_tsv)), 1)::float8 AS avgdl FROM m)
-        SELECT m.id, {_bm25_expr('m', 'q', '(SELECT avgdl FROM d)')} AS score, (SELECT avgdl FROM d) AS avgdl
-        FROM m ORDER BY score DESC LIMIT {params.add(limit)}
+        d AS (SELECT greatest(avg(p.dl), 1)::float8 AS avgdl FROM p),
+        h AS (
+            SELECT p.fragment_id, sum(p.idf * (p.tf * {BM25_K1 + 1}) /
+                   (p.tf + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * p.dl / d.avgdl))) AS score
+            FROM p CROSS JOIN d GROUP BY p.fragment_id ORDER BY score DESC LIMIT {params.add(pre_rank)}
+        )
+        SELECT h.fragment_id AS id, h.score, (SELECT avgdl FROM d) AS avgdl
+        FROM h JOIN fragments f ON f.id = h.fragment_id
+        WHERE {where}
+        ORDER BY h.score DESC LIMIT {params.add(limit)}
     """
     rows = await conn.fetch(sql, *params.values)
     avgdl = float(rows[0]["avgdl"]) if rows else 1.0
@@ -128,16 +153,6 @@ async def count_in_scope(conn: asyncpg.Connection, principal: Principal, flt: Fr
     params = SqlParams()
     where = " AND ".join(filter_clauses(principal, flt, params))
     return int(await conn.fetchval(f"SELECT count(*) FROM fragments f WHERE {where}", *params.values))
-
-
-def _bm25_expr(alias: str, q: str, avgdl: str) -> str:
-    """BM25 of row `alias` against the (term, idf) rows of `q`; dl = distinct lexemes."""
-    tf = "coalesce(cardinality(u.positions), 1)::float8"
-    return f"""coalesce((
-        SELECT sum(q.idf * ({tf} * {BM25_K1 + 1}) /
-                   ({tf} + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * length({alias}.search_tsv) / {avgdl})))
-        FROM unnest({alias}.search_tsv) u JOIN {q} q ON q.term = u.lexeme
-    ), 0)"""
 
 
 @dataclass
@@ -172,12 +187,23 @@ async def score_ids(
     if embedding is not None:
         cosine = f"1 - (f.embedding <=> {params.add(embedding)})"
     sql = f"""
-        WITH q AS (SELECT * FROM unnest({terms}::text[], {idfs}::float8[]) AS q(term, idf))
+        WITH q AS (SELECT * FROM unnest({terms}::text[], {idfs}::float8[]) AS q(term, idf)),
+        bm AS (
+            -- per fragment, primary-key probes for the query's terms
+            SELECT i.id AS fragment_id, s.score FROM unnest({id_list}::text[]) AS i(id)
+            CROSS JOIN LATERAL (
+                SELECT sum(q.idf * (t.tf * {BM25_K1 + 1}) /
+                       (t.tf + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * t.dl / {dl}::float8))) AS score
+                FROM fragment_terms t JOIN q ON q.term = t.term
+                WHERE t.fragment_id = i.id AND t.term = ANY({terms}::text[])
+            ) s
+        )
         SELECT f.id, f.session_id, f.importance, f.ema_activation,
                extract(epoch FROM now() - f.created_at) / 86400.0 AS age_days,
-               {_bm25_expr('f', 'q', f'{dl}::float8')} AS bm25,
+               coalesce(bm.score, 0) AS bm25,
                CASE WHEN f.embedding IS NULL THEN NULL ELSE {cosine} END AS cosine
-        FROM fragments f WHERE f.id = ANY({id_list}::text[]) AND {scope}
+        FROM fragments f LEFT JOIN bm ON bm.fragment_id = f.id
+        WHERE f.id = ANY({id_list}::text[]) AND {scope}
     """
     rows = await conn.fetch(sql, *params.values)
     return {
@@ -192,20 +218,25 @@ async def score_ids(
 async def turn_neighbours(
     conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, ids: list[str], width: int = 1
 ) -> dict[str, list[str]]:
-    """The fragments stored just before and after each one in the same session (seq order)."""
+    """The fragments stored just before and after each one in the same session (seq order)
+    that pass the filters, looked for among the NEIGHBOUR_SCAN nearest turns each side: a
+    selective filter in a long session must not walk the whole session."""
     if not ids:
         return {}
     params = SqlParams()
     where = " AND ".join(filter_clauses(principal, flt, params, alias="n"))
     id_list = params.add(ids)
     w = params.add(width)
+    scan = params.add(NEIGHBOUR_SCAN)
     sql = f"""
         SELECT c.id, array(
-            (SELECT n.id FROM fragments n WHERE n.session_id = c.session_id AND n.seq < c.seq AND {where}
-             ORDER BY n.seq DESC LIMIT {w})
+            (SELECT n.id FROM (SELECT * FROM fragments x WHERE x.session_id = c.session_id AND x.seq < c.seq
+                               ORDER BY x.seq DESC LIMIT {scan}) n
+             WHERE {where} ORDER BY n.seq DESC LIMIT {w})
             UNION ALL
-            (SELECT n.id FROM fragments n WHERE n.session_id = c.session_id AND n.seq > c.seq AND {where}
-             ORDER BY n.seq ASC LIMIT {w})
+            (SELECT n.id FROM (SELECT * FROM fragments x WHERE x.session_id = c.session_id AND x.seq > c.seq
+                               ORDER BY x.seq ASC LIMIT {scan}) n
+             WHERE {where} ORDER BY n.seq ASC LIMIT {w})
         ) AS around
         FROM fragments c WHERE c.id = ANY({id_list}::text[]) AND c.session_id IS NOT NULL
     """

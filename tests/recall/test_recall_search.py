@@ -192,3 +192,28 @@ async def test_bad_values_are_invalid_params_naming_the_parameter(mcp_url: str, 
             await s.call_tool("recall", arguments)
     assert err.value.error.code == -32602
     assert parameter in err.value.error.message
+
+
+async def test_lexical_postings_follow_amend_type_change_and_forget(stack: Stack, mcp_url: str) -> None:
+    """The lexical layer reads its own inverted index (fragment_terms): every write path
+    that changes what a fragment says, or its type, must be seen there at once."""
+    ws = unique()
+    old_word, new_word = unique("zebrafinch").replace("-", ""), unique("okapimoth").replace("-", "")
+    key, _ = await create_api_key(stack.database_url)
+    async with mcp_session(mcp_url, key) as s:
+        [fid] = await _store(s, ws, [{"content": f"The {old_word} cron purges stale carts.", "topic": "carts", "type": "fact"}])
+
+        async def lexical_hits(word: str, **extra: object) -> str:
+            found = await call(s, "recall", {"keywords": [word], "workspace": ws, **extra})
+            return found["searchPath"].split(" → ")[0]
+
+        assert await lexical_hits(old_word) == "L2:1"
+        await call(s, "amend", {"id": fid, "content": f"The {new_word} cron purges stale carts."})
+        assert await lexical_hits(old_word) == "L2:0"
+        assert await lexical_hits(new_word) == "L2:1"
+        assert await lexical_hits(new_word, type="fact") == "L2:1"
+        await call(s, "amend", {"id": fid, "type": "procedure"})
+        assert await lexical_hits(new_word, type="fact") == "L2:0"
+        assert await lexical_hits(new_word, type="procedure") == "L2:1"
+        await call(s, "forget", {"id": fid, "force": True})
+        assert await lexical_hits(new_word) == "L2:0"
