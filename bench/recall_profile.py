@@ -1,0 +1,127 @@
+"""Where recall's time goes: the recall service's own `recall()` run in this process against a
+running stack's Postgres and Redis, with every stage timed.
+
+    python -m bench.recall_profile --database-url DSN --redis-url URL --namespace NS [--kind text|keyword|filtered]
+
+NS is the namespace of an earlier `bench.recall_load` run (it prints it; `--reuse NS` reruns
+the MCP timings). The end-to-end numbers come from bench.recall_load / bench.recall_bench;
+this one answers which stage to work on. Stages overlap (the query embedding runs while the
+lexical SQL does), so their sum exceeds the total.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from redis.asyncio import Redis
+
+from bench.corpus import filtered_queries, generate, keyword_queries, text_queries
+from bench.harness import percentile
+from services.common.internal import ToolContext
+from services.recall import meta as meta_mod
+from services.recall import render, service
+from services.recall.effects import SideEffects
+from services.recall.service import ReadResources, ReadSettings, recall
+from shared.db import create_pool
+from shared.domain.principal import Principal
+from shared.domain.tokens import TokenCounter
+from shared.embeddings import load_embedder, model_dir
+from shared.repositories import fragments as fragments_repo
+from shared.repositories import recall_views, retrieval
+
+WARMUP = 30
+SUITES: dict[str, Callable[..., Any]] = {"text": text_queries, "keyword": keyword_queries, "filtered": filtered_queries}
+STAGES = {
+    retrieval: ["query_terms", "document_frequencies", "bm25_candidates", "score_ids", "turn_neighbours", "graph_neighbours"],
+    fragments_repo: ["vector_candidates", "fetch_by_ids"],
+    recall_views: ["latest_seq", "still_fresh", "meta_facts", "links_of"],
+    meta_mod: ["hints", "suggestion"],
+    render: ["decorate"],
+    service: ["_search", "current_generation"],
+}
+
+
+def _instrument(timings: dict[str, list[float]]) -> None:
+    for module, names in STAGES.items():
+        for name in names:
+            fn = getattr(module, name)
+
+            @functools.wraps(fn)
+            async def timed(*args: Any, __fn: Any = fn, __label: str = f"{module.__name__.rsplit('.', 1)[-1]}.{name}", **kwargs: Any) -> Any:
+                began = time.perf_counter()
+                try:
+                    return await __fn(*args, **kwargs)
+                finally:
+                    timings[__label].append((time.perf_counter() - began) * 1000)
+
+            setattr(module, name, timed)
+
+
+async def run(database_url: str, redis_url: str, namespace: str, kind: str, count: int, seed: int) -> None:
+    timings: dict[str, list[float]] = defaultdict(list)
+    _instrument(timings)
+    settings = ReadSettings()
+    pool = await create_pool(
+        database_url, min_size=2, max_size=4,
+        session_sql=f"SET hnsw.iterative_scan = relaxed_order; SET hnsw.ef_search = {int(settings.hnsw_ef_search)}",
+    )
+    redis = Redis.from_url(redis_url)
+    res = ReadResources(
+        pool=pool, embedder=load_embedder(), tokens=TokenCounter(model_dir() / "tokenizer.json"), settings=settings,
+        effects=SideEffects(pool, redis, replica="profile"), redis=redis,
+    )
+    embed = res.embed_query
+
+    async def timed_embed(text: str) -> Any:
+        began = time.perf_counter()
+        try:
+            return await embed(text)
+        finally:
+            timings["embed_query"].append((time.perf_counter() - began) * 1000)
+
+    res.embed_query = timed_embed  # type: ignore[method-assign]
+    memories = generate(100_000, seed=seed)
+    queries = SUITES[kind](memories, WARMUP + count, seed={"text": seed + 1, "keyword": seed + 2, "filtered": seed + 3}[kind])
+    ctx = ToolContext(principal=Principal.master())
+    totals = []
+    try:
+        for i, query in enumerate(queries):
+            arguments = {**query.arguments, "pageSize": 10, "tokenBudget": 4000}
+            if "workspace" in arguments:
+                arguments["workspace"] = f"{namespace}-{arguments['workspace']}"
+            began = time.perf_counter()
+            await recall(res, ctx, arguments)
+            if i == WARMUP - 1:
+                timings.clear()
+            elif i >= WARMUP:
+                totals.append((time.perf_counter() - began) * 1000)
+    finally:
+        await redis.aclose()
+        await pool.close()
+    print(f"recall() in process, {kind}, n={len(totals)}: p50 {percentile(totals, 50):.1f} ms, p95 {percentile(totals, 95):.1f} ms")
+    print(f"{'stage':32s} {'calls':>5s} {'mean':>7s} {'p50':>7s} {'p95':>7s}")
+    for label, samples in sorted(timings.items(), key=lambda kv: -sum(kv[1])):
+        print(f"{label:32s} {len(samples):5d} {statistics.mean(samples):7.2f} {percentile(samples, 50):7.2f} {percentile(samples, 95):7.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--database-url", required=True)
+    parser.add_argument("--redis-url", required=True)
+    parser.add_argument("--namespace", required=True)
+    parser.add_argument("--kind", choices=sorted(SUITES), default="text")
+    parser.add_argument("--queries", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    asyncio.run(run(args.database_url, args.redis_url, args.namespace, args.kind, args.queries, args.seed))
+
+
+if __name__ == "__main__":
+    main()
