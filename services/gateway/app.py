@@ -13,7 +13,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from services.common.internal import install_observability
-from services.gateway import admin_keys, openapi, rotation
+from services.gateway import admin_io, admin_keys, openapi, rotation
 from services.gateway.admin_maintenance import router as admin_maintenance_router
 from services.gateway.api import router
 from services.gateway.auth import Authenticator
@@ -131,7 +131,12 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
                 await redis_client.aclose()
             await pool.close()
 
-    app = FastAPI(title="Engram", version=VERSION, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="Engram", version=VERSION, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+        # The server span and HTTP metrics come from install_observability; FastAPI's own
+        # would be a second span and histogram per request (CPU on every tool call).
+        telemetry={"tracing": False, "metrics": False, "logs": False},
+    )
     app.router.routes.append(Route("/mcp", endpoint=_Endpoint("mcp", holder), methods=["GET", "POST", "DELETE"]))
     app.router.routes.append(Route("/sse", endpoint=_Endpoint("sse_connect", holder), methods=["GET"]))
     app.router.routes.append(Route("/message", endpoint=_Endpoint("sse_message", holder), methods=["POST"]))
@@ -140,6 +145,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.include_router(admin_keys.auth_router)
     app.include_router(admin_keys.router)
     app.include_router(admin_maintenance_router)
+    app.include_router(admin_io.router)
     install_oauth(app)
     openapi.install(app)
     # Inside the observability middleware, so refusals (413, 429) are counted too.

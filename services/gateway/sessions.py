@@ -259,9 +259,8 @@ class SessionRegistry:
     async def _flush(self, conn: asyncpg.Connection, session: GatewaySession) -> None:
         entries, segment = session.pending, session.pending_segment
         session.pending = []
-        if segment:
-            for entry in entries:
-                await sessions_repo.record_activity(conn, segment, entry)
+        if segment and entries:
+            await sessions_repo.record_activity(conn, segment, entries)
 
     async def flush_all(self) -> None:
         """Write every pending activity entry now (an admin view, shutdown)."""

@@ -79,6 +79,7 @@ class Transports:
             security_settings=security,
             max_request_body_size=settings.max_body_bytes,
             session_idle_timeout=settings.session_idle_timeout.total_seconds(),
+            json_response=True,
         )
         self.sse = SseServerTransport("/message", security_settings=security, max_request_body_size=settings.max_body_bytes)
         self._sse_open = asyncio.Lock()

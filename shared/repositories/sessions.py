@@ -30,14 +30,20 @@ async def start(
     )
 
 
-async def record_activity(conn: asyncpg.Connection, session_id: str, entry: dict[str, Any]) -> None:
+async def record_activity(conn: asyncpg.Connection, session_id: str, entries: list[dict[str, Any]]) -> None:
+    """Append tool-call entries (the gateway writes them in batches), up to MAX_ACTIVITY."""
     await conn.execute(
         """
         UPDATE sessions SET last_activity_at = now(),
-            activity = CASE WHEN jsonb_array_length(activity) < $3 THEN activity || $2::jsonb ELSE activity END
+            activity = CASE WHEN jsonb_array_length(activity) < $3 THEN (
+                SELECT jsonb_agg(e ORDER BY n) FROM (
+                    SELECT e, n FROM jsonb_array_elements(activity || $2::jsonb) WITH ORDINALITY AS t(e, n)
+                    ORDER BY n LIMIT $3
+                ) kept
+            ) ELSE activity END
         WHERE id = $1
         """,
-        session_id, json.dumps([entry]), MAX_ACTIVITY,
+        session_id, json.dumps(entries), MAX_ACTIVITY,
     )
 
 

@@ -1,0 +1,165 @@
+"""The gateway's own cost per tool call: the same cheap call end to end through MCP and
+straight to the internal service it is forwarded to.
+
+    python -m bench.gateway_bench [--calls 300] [--keep]
+
+Cases, each timed client-side over `--calls` sequential calls after a warm-up:
+
+- *direct*: `POST {recall}/v1/tools/memory_stats` with the service token on a keep-alive
+  connection, what the gateway itself does per forwarded call;
+- *mcp api key*: `memory_stats` through MCP with an API key that has a `daily_limit` and a
+  `fragment_limit` (so every per-call cost of the gateway is paid: key lookup, the daily
+  counter, RBAC, session activity, the X-RateLimit-* usage, the forward);
+- *mcp master*: the same with the master key (unmetered, no limits);
+- *mcp gateway-only*: `get_skill_guide` with the API key, answered by the gateway itself
+  (no forward: MCP framing plus the gateway's per-call work).
+
+"overhead" is mcp api key p50/p95 minus direct p50/p95. Latency is noisy on a shared 2-core
+machine, so each case also reports the CPU time the gateway process (resp. the recall
+process, for *direct*) spent per call, read from /proc before and after the case: that
+number hardly moves with the machine's load. The stack is private (free ports, temp dir),
+started and stopped by the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.harness import LATENCY_HEADER, latency_row, percentile, print_table, private_stack_config
+from services.common.internal import SERVICE_TOKEN_HEADER
+from services.stack import client
+from shared.domain.principal import Principal
+
+WARMUP = 30
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process and its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+class CpuMeter:
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.started = 0.0
+
+    def start(self) -> None:
+        self.started = cpu_seconds(self.pid)
+
+    def per_call_ms(self, calls: int) -> float:
+        return (cpu_seconds(self.pid) - self.started) * 1000 / calls
+
+
+async def time_direct(recall_url: str, service_token: str, calls: int, cpu: CpuMeter) -> list[float]:
+    payload = {"arguments": {}, "principal": Principal.master().to_wire(), "session": None}
+    samples: list[float] = []
+    async with httpx.AsyncClient(timeout=60) as http:
+        for i in range(WARMUP + calls):
+            if i == WARMUP:
+                cpu.start()
+            started = time.perf_counter()
+            response = await http.post(f"{recall_url}/v1/tools/memory_stats", json=payload, headers={SERVICE_TOKEN_HEADER: service_token})
+            elapsed = (time.perf_counter() - started) * 1000
+            response.raise_for_status()
+            if i >= WARMUP:
+                samples.append(elapsed)
+    return samples
+
+
+async def time_mcp(mcp_url: str, key: str, tool: str, arguments: dict, calls: int, cpu: CpuMeter) -> list[float]:
+    samples: list[float] = []
+    async with client.mcp_session(mcp_url, key, timeout=60) as session:
+        for i in range(WARMUP + calls):
+            if i == WARMUP:
+                cpu.start()
+            started = time.perf_counter()
+            result = await session.call_tool(tool, arguments)
+            elapsed = (time.perf_counter() - started) * 1000
+            if result.is_error:
+                raise RuntimeError(f"{tool} failed: {result.content[0].text[:200] if result.content else ''}")
+            if i >= WARMUP:
+                samples.append(elapsed)
+    return samples
+
+
+async def create_key(gateway_url: str, master_key: str) -> str:
+    async with httpx.AsyncClient(timeout=30) as http:
+        response = await http.post(
+            f"{gateway_url}/v1/internal/model/nothing/keys",
+            headers={"Authorization": f"Bearer {master_key}"},
+            json={"name": f"bench-gateway-{int(time.time())}", "daily_limit": 1_000_000, "fragment_limit": 1_000_000},
+        )
+        response.raise_for_status()
+        return response.json()["raw_key"]
+
+
+async def run(recall_url: str, service_token: str, gateway_url: str, master_key: str, calls: int, gateway_pid: int, recall_pid: int) -> None:
+    mcp_url = f"{gateway_url}/mcp"
+    key = await create_key(gateway_url, master_key)
+    gateway_cpu, recall_cpu = CpuMeter(gateway_pid), CpuMeter(recall_pid)
+    rows = []
+    direct = await time_direct(recall_url, service_token, calls, recall_cpu)
+    rows.append(latency_row("direct recall /v1/tools/memory_stats", direct, f"recall CPU {recall_cpu.per_call_ms(calls):.2f} ms/call"))
+    cases = [
+        ("mcp memory_stats, api key (limits)", key, "memory_stats", {}),
+        ("mcp memory_stats, master key", master_key, "memory_stats", {}),
+        ("mcp get_skill_guide, api key (no forward)", key, "get_skill_guide", {"section": "keywords"}),
+    ]
+    timed: dict[str, list[float]] = {}
+    for name, credential, tool, arguments in cases:
+        samples = await time_mcp(mcp_url, credential, tool, arguments, calls, gateway_cpu)
+        timed[name] = samples
+        rows.append(latency_row(name, samples, f"gateway CPU {gateway_cpu.per_call_ms(calls):.2f} ms/call"))
+    print_table(f"gateway per-call cost, {calls} sequential calls per case after {WARMUP} warm-up", LATENCY_HEADER, rows)
+    keyed = timed[cases[0][0]]
+    print(
+        f"gateway overhead (mcp api key - direct): p50 {percentile(keyed, 50) - percentile(direct, 50):.1f} ms, "
+        f"p95 {percentile(keyed, 95) - percentile(direct, 95):.1f} ms",
+        flush=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--keep", action="store_true", help="keep the private stack's temp dir (logs)")
+    parser.add_argument("--redis", choices=["on", "off"], default="on", help="run the stack with REDIS_ENABLED")
+    args = parser.parse_args()
+
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from services.stack.supervisor import Stack
+
+    data_dir = Path(tempfile.mkdtemp(prefix="engram-bench-", dir="/tmp"))
+    config = private_stack_config(data_dir / "stack")
+    # No worker or beat: their jobs would compete for the 2 cores with what is timed.
+    config.worker = False
+    config.beat = False
+    config.redis_enabled = args.redis == "on"
+    stack = Stack(config)
+    try:
+        stack.start()
+        print(f"private stack up at {stack.mcp_url} (redis {args.redis}, data {data_dir})", flush=True)
+        pids = {name: proc.process.pid for name, proc in stack.processes.items() if proc.process is not None}
+        asyncio.run(run(stack.recall_urls[0], stack.service_token, stack.gateway_url, stack.master_key, args.calls,
+                        pids["gateway"], pids["recall-0"]))
+    finally:
+        stack.stop()
+        if args.keep:
+            print(f"kept {data_dir}")
+        else:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
