@@ -90,3 +90,19 @@ def limited_gateway(stack: Stack) -> Iterator[Gateway]:
     proc.stop()
 
 
+
+
+@pytest.fixture(scope="session")
+def replica_gateway(stack: Stack) -> Iterator[Gateway]:
+    """A second replica of the stack's gateway: same database, same Redis database."""
+    proc, gateway = start_gateway(stack, "gateway-replica", 0, {})
+    yield gateway
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def redisless_gateway(stack: Stack) -> Iterator[Gateway]:
+    """A gateway with REDIS_ENABLED=false: everything it keeps in Redis elsewhere works without."""
+    proc, gateway = start_gateway(stack, "gateway-redisless", 4, {"REDIS_ENABLED": "false"})
+    yield gateway
+    proc.stop()
