@@ -48,8 +48,9 @@ class EmbeddingSettings(BaseSettings):
     model_config = SettingsConfigDict(extra="ignore")
 
     # "onnx" serves an ONNX export of the model (made once from the torch model, offline);
-    # "torch" runs sentence-transformers directly.
-    backend: Literal["onnx", "torch"] = Field("onnx", alias="EMBEDDING_BACKEND")
+    # "torch" runs sentence-transformers directly; "onnx-int8" a dynamic int8 quantization
+    # of the export (faster, vectors differ from fp32's: shared/embeddings/model.py).
+    backend: Literal["onnx", "onnx-int8", "torch"] = Field("onnx", alias="EMBEDDING_BACKEND")
     model_path: str | None = Field(None, alias="EMBEDDING_MODEL_PATH")
     cache_dir: str = Field(".data/models", alias="EMBEDDING_CACHE_DIR")
     dimensions: int = Field(384, alias="EMBEDDING_DIMENSIONS")
@@ -117,9 +118,10 @@ class IngestSettings(CommonSettings):
     # seed: the PolicyRules soft gate (validation_warnings); hard gate per key.
     symbolic_policy_rules: bool = Field(False, alias="MEMENTO_SYMBOLIC_POLICY_RULES")
     workspace_gate: bool = Field(False, alias="MEMENTO_WORKSPACE_GATE")
-    # Engram always takes the key row lock for quota (see services/ingest/quota.py); kept
-    # for configuration compatibility with the reference.
-    remember_atomic: bool = Field(True, alias="MEMENTO_REMEMBER_ATOMIC")
+    # seed: true -> remember re-checks the quota under SELECT api_keys FOR UPDATE in the
+    # insert's transaction (no overshoot under concurrency); false (default) -> checked
+    # before the write, without the lock. batch_remember always takes the lock.
+    remember_atomic: bool = Field(False, alias="MEMENTO_REMEMBER_ATOMIC")
     case_backprop_enabled: bool = Field(False, alias="MEMENTO_CASE_BACKPROP_ENABLED")
     # seed: feedback_sampled hints on remember / amend / forget; default true. Unset, it is
     # off under ENGRAM_ENV=test so exact-reply assertions elsewhere stay deterministic.

@@ -13,6 +13,7 @@ from services.ingest import forget as forget_tool
 from services.ingest import link as link_tool
 from services.ingest import reflect as reflect_tool
 from services.ingest import remember as remember_tool
+from services.ingest import transfer as transfer_tool
 from services.ingest.admin_tools import TOOL_HANDLERS as ADMIN_TOOL_HANDLERS
 from services.ingest.service import after_commit, invalidate_recall_cache
 from shared.jobs import JobBuffer
@@ -60,5 +61,7 @@ tool_handlers = {
     "amend": _with_jobs(amend_tool.amend),
     "link": _with_jobs(link_tool.link),
     "reflect": _with_jobs(reflect_tool.reflect),
+    # Served for the gateway's admin import route only (master key; never an MCP tool).
+    "admin_import": _with_jobs(transfer_tool.import_fragments),
     **ADMIN_TOOL_HANDLERS,
 }

@@ -96,10 +96,19 @@ async def remember(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, argum
                     f"policy_violation: {', '.join(refused)}", {"violations": refused, "fragmentType": f.type}
                 )
 
-        async with conn.transaction():
-            quota = await lock_quota(conn, principal, 1)
+        if not res.settings.remember_atomic:
+            # seed: MEMENTO_REMEMBER_ATOMIC=false (the default) checks the quota before the
+            # write, outside its transaction; concurrent writers of one key may overshoot.
+            quota = await check_quota(conn, principal, 1)
             if quota is not None and quota["remaining"] < 0:
                 return {"success": False, "error": QUOTA_EXCEEDED, "quota": quota}, True
+        async with conn.transaction():
+            if res.settings.remember_atomic:
+                # seed _rememberAtomic: SELECT api_keys FOR UPDATE, then the quota re-check and
+                # the INSERT in one BEGIN/COMMIT, so concurrent writers cannot overshoot.
+                quota = await lock_quota(conn, principal, 1)
+                if quota is not None and quota["remaining"] < 0:
+                    return {"success": False, "error": QUOTA_EXCEEDED, "quota": quota}, True
             if args.idempotencyKey:
                 won = await idempotency_repo.claim(conn, principal.key_id, [(args.idempotencyKey, f.id)])
                 if not won:  # a concurrent retry committed first

@@ -195,8 +195,8 @@ async def check_quota(conn: asyncpg.Connection, principal: Principal, adding: in
 async def lock_quota(conn: asyncpg.Connection, principal: Principal, adding: int) -> dict[str, int] | None:
     """Quota check under a row lock on the key, so concurrent writers cannot overshoot.
 
-    (The reference makes this atomic only with MEMENTO_REMEMBER_ATOMIC=true; Engram always
-    does, since the lock is one indexed row.)"""
+    remember takes it only under MEMENTO_REMEMBER_ATOMIC=true (seed); batch_remember always
+    does: a batch is one transaction already, and the lock is one indexed row."""
     if principal.key_id is None or principal.fragment_limit is None:
         return None
     await conn.execute("SELECT 1 FROM api_keys WHERE id = $1 FOR UPDATE", principal.key_id)

@@ -29,13 +29,14 @@ INSERT INTO fragments (
     id, content, topic, type, keywords, importance, source, scope, is_anchor, ttl_tier,
     key_id, workspace, workspace_source, agent_id, session_id, case_id, goal, outcome, phase,
     resolution_status, assertion_status, affect, context_summary, content_hash, embedding,
-    valid_from, search_tsv
+    valid_from, search_tsv, valid_to, created_at
 ) VALUES (
     $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19,
     $20, $21, $22, $23, $24, $25, coalesce($26, now()),
     setweight(to_tsvector('english', $2), 'B')
     || setweight(to_tsvector('simple', $3 || ' ' || array_to_string($5::text[], ' ')), 'A')
-    || setweight(to_tsvector('simple', $27), 'B')
+    || setweight(to_tsvector('simple', $27), 'B'),
+    $28, coalesce($29, now())
 )
 """
 
@@ -46,6 +47,8 @@ def _insert_args(f: NewFragment) -> tuple[Any, ...]:
         f.ttl_tier, f.key_id, f.workspace, f.workspace_source, f.agent_id, f.session_id, f.case_id,
         f.goal, f.outcome, f.phase, f.resolution_status, f.assertion_status, f.affect,
         f.context_summary, f.content_hash, f.embedding, f.valid_from, content_morphemes(f.content),
+        # Set only by an admin import, which restores a fragment's history as exported.
+        f.extra.get("valid_to"), f.extra.get("created_at"),
     )
 
 

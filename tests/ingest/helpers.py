@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
+import httpx
 from mcp import ClientSession
 from mcp.shared.exceptions import MCPError
 
@@ -75,3 +77,57 @@ async def ingest_call(stack: Any, principal: dict[str, Any], tool: str, argument
             headers={"x-engram-service-token": stack.service_token},
         )
     return response.json()
+
+
+async def remember_while_key_locked(stack: Any, raw_key: str, key_id: str, content: str) -> tuple[bool, dict[str, Any]]:
+    """A remember on ingest while a test transaction holds the key's api_keys row FOR NO KEY
+    UPDATE: that blocks remember's SELECT ... FOR UPDATE, not the fragment insert's foreign
+    key check (FOR KEY SHARE). Returns (whether the remember was seen waiting on that lock, its reply once the
+    lock is released)."""
+    principal = await principal_of(stack.database_url, raw_key)
+    async with db(stack.database_url) as holder, db(stack.database_url) as watcher:
+        lock = holder.transaction()
+        await lock.start()
+        await holder.execute("SELECT 1 FROM api_keys WHERE id = $1 FOR NO KEY UPDATE", key_id)
+        task = asyncio.create_task(ingest_call(stack, principal, "remember", {"content": content, "topic": "quota", "type": "fact"}))
+        waited = False
+        try:
+            while not task.done():
+                blocked = await watcher.fetchval(
+                    "SELECT count(*) FROM pg_locks l JOIN pg_locks h ON h.locktype = l.locktype"
+                    " AND h.database IS NOT DISTINCT FROM l.database AND h.relation IS NOT DISTINCT FROM l.relation"
+                    " AND h.page IS NOT DISTINCT FROM l.page AND h.tuple IS NOT DISTINCT FROM l.tuple"
+                    " AND h.transactionid IS NOT DISTINCT FROM l.transactionid"
+                    " WHERE NOT l.granted AND h.granted AND h.pid = $1",
+                    holder.get_server_pid(),
+                )
+                if blocked:
+                    waited = True
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            await lock.rollback()
+        reply = await task
+    return waited, reply.get("result", reply)
+
+
+# -- admin export / import through the gateway -----------------------------------------
+ADMIN_PREFIX = "/v1/internal/model/nothing"
+
+
+def admin_auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def export(stack: Any, key: str, **params: str) -> list[dict[str, Any]]:
+    async with httpx.AsyncClient(timeout=60) as http:
+        async with http.stream("GET", f"{stack.gateway_url}{ADMIN_PREFIX}/export", params=params, headers=admin_auth(key)) as response:
+            assert response.status_code == 200, await response.aread()
+            assert response.headers["content-type"].startswith("application/x-ndjson")
+            return [json.loads(line) async for line in response.aiter_lines() if line]
+
+
+async def import_(stack: Any, key: str, body: Any, **params: str) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=120) as http:
+        return await http.post(f"{stack.gateway_url}{ADMIN_PREFIX}/import", params=params, headers=admin_auth(key),
+                               content=json.dumps(body))

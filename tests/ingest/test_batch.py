@@ -66,32 +66,6 @@ async def test_batch_duplicates_and_item_idempotency(stack, mcp_url: str, master
         assert await conn.fetchval("SELECT count(*) FROM fragments WHERE workspace = $1", ws) == 5
 
 
-async def test_quota_in_batch_and_concurrent_writers_cannot_exceed(stack, mcp_url: str) -> None:
-    """Two writers at once — an MCP client and a direct caller of ingest (as the batch worker
-    is) — both past the key's limit: exactly the limit is stored."""
-    raw, key_id = await create_api_key(stack.database_url, fragment_limit=7)
-    principal = await principal_of(stack.database_url, raw)
-    marker = unique("quota")
-    async with mcp_session(mcp_url, raw) as s:
-        singles = [call(s, "remember", {"content": f"Quota probe {marker} number {i} for the race.", "topic": "q", "type": "fact"})
-                   for i in range(5)]
-        direct = [ingest_call(stack, principal, "remember", {"content": f"Direct probe {marker} number {i} for the race.", "topic": "q", "type": "fact"})
-                  for i in range(5)]
-        batches = [call(s, "batch_remember", {"fragments": _items(4, f"{marker}-a")}),
-                   ingest_call(stack, principal, "batch_remember", {"fragments": _items(4, f"{marker}-b")})]
-        replies = await asyncio.gather(*singles, *direct, *batches)
-        over = await tool_error(s, "remember", {"content": f"One more {marker} beyond the limit.", "topic": "q", "type": "fact"})
-    replies = [r["result"] if "result" in r else r for r in replies]
-    stored = sum(1 for r in replies[:10] if r.get("success")) + sum(r["inserted"] for r in replies[10:])
-    assert stored == 7
-    assert over["error"] == "fragment_limit_exceeded" and over["quota"]["limit"] == 7
-    refused = {r["error"] for r in replies[:10] if not r.get("success")}
-    refused |= {item["error"] for r in replies[10:] for item in r["results"] if not item["success"]}
-    assert refused == {"fragment_limit_exceeded"}
-    async with db(stack.database_url) as conn:
-        assert await conn.fetchval("SELECT count(*) FROM fragments WHERE key_id = $1", key_id) == 7
-
-
 async def test_async_batch_is_queued_processed_and_searchable(stack, mcp_url: str, master_key: str) -> None:
     ws = unique()
     marker = unique("kiwi")

@@ -15,7 +15,9 @@ from redis.asyncio import Redis
 
 from services.maintenance.batch_worker import BatchWorkerSettings, drain
 from shared.repositories.batch_jobs import BatchQueue, new_job_id
-from tests.ingest.helpers import db, fragment, principal_of, rpc_error, wait_job
+from tests.ingest.helpers import (
+    db, fragment, import_, ingest_call, principal_of, remember_while_key_locked, rpc_error, tool_error, wait_job,
+)
 from tests.support import Stack, call, create_api_key, mcp_session, new_stack_config, unique
 
 FLAGS = {
@@ -26,11 +28,18 @@ FLAGS = {
     "MEMENTO_FEEDBACK_RATE_AMEND": "1",
     "MEMENTO_FEEDBACK_RATE_FORGET": "1",
     "MEMENTO_CASE_BACKPROP_ENABLED": "true",
+    # seed: remember re-checks the quota under the key's row lock.
+    "MEMENTO_REMEMBER_ATOMIC": "true",
     # A killed consumer's job is taken back after 3 s; beat looks every 2 s.
     "ENGRAM_BATCH_LEASE": "3",
     "ENGRAM_BATCH_RECOVER_INTERVAL": "2",
     "ENGRAM_BATCH_CHUNK": "20",
 }
+
+
+def _items(n: int, marker: str) -> list[dict]:
+    return [{"content": f"Node {marker}-{i} of the search cluster serves shard {i}.", "topic": "search", "type": "fact"}
+            for i in range(n)]
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +119,17 @@ async def test_secrets_redacted_on_every_write_path(flagged: Stack) -> None:
     assert "[REDACTED:github_token]" in (await fragment(flagged.database_url, one["id"]))["content"]
 
 
+async def test_admin_import_redacts_secrets_under_the_redact_policy(flagged: Stack) -> None:
+    ws = unique()
+    items = [{"content": "The mirror pushes with ghp_1234567890abcdefghijklmnopqrstuvwxyzAB every hour.",
+              "topic": "ci", "type": "fact", "workspace": ws}]
+    body = (await import_(flagged, flagged.master_key, items)).json()
+    assert body["imported"] == 1 and body["results"][0]["secrets_redacted"] == ["github_token"]
+    async with db(flagged.database_url) as conn:
+        content = await conn.fetchval("SELECT content FROM fragments WHERE id = $1", body["results"][0]["id"])
+    assert content == "The mirror pushes with [REDACTED:github_token] every hour."
+
+
 async def test_feedback_hints_sampled_with_cooldown(flagged: Stack) -> None:
     ws = unique()
     async with mcp_session(flagged.mcp_url, flagged.master_key) as s:
@@ -162,6 +182,41 @@ async def test_case_backprop_adjusts_the_case(flagged: Stack) -> None:
         reply = await call(s, "amend", {"id": main, "resolutionStatus": "resolved", "outcome": "raised the limit"})
     assert reply["backprop"] == {"caseId": case, "adjusted": 1} and reply["caseEvents"] == ["case_closed"]
     assert abs((await fragment(flagged.database_url, peer))["importance"] - 0.6) < 1e-6
+
+
+async def test_quota_in_batch_and_concurrent_writers_cannot_exceed(flagged: Stack) -> None:
+    """MEMENTO_REMEMBER_ATOMIC=true: two writers at once — an MCP client and a direct caller of ingest (as the batch worker
+    is) — both past the key's limit: exactly the limit is stored."""
+    raw, key_id = await create_api_key(flagged.database_url, fragment_limit=7)
+    principal = await principal_of(flagged.database_url, raw)
+    marker = unique("quota")
+    async with mcp_session(flagged.mcp_url, raw) as s:
+        singles = [call(s, "remember", {"content": f"Quota probe {marker} number {i} for the race.", "topic": "q", "type": "fact"})
+                   for i in range(5)]
+        direct = [ingest_call(flagged, principal, "remember", {"content": f"Direct probe {marker} number {i} for the race.", "topic": "q", "type": "fact"})
+                  for i in range(5)]
+        batches = [call(s, "batch_remember", {"fragments": _items(4, f"{marker}-a")}),
+                   ingest_call(flagged, principal, "batch_remember", {"fragments": _items(4, f"{marker}-b")})]
+        replies = await asyncio.gather(*singles, *direct, *batches)
+        over = await tool_error(s, "remember", {"content": f"One more {marker} beyond the limit.", "topic": "q", "type": "fact"})
+    replies = [r["result"] if "result" in r else r for r in replies]
+    stored = sum(1 for r in replies[:10] if r.get("success")) + sum(r["inserted"] for r in replies[10:])
+    assert stored == 7
+    assert over["error"] == "fragment_limit_exceeded" and over["quota"]["limit"] == 7
+    refused = {r["error"] for r in replies[:10] if not r.get("success")}
+    refused |= {item["error"] for r in replies[10:] for item in r["results"] if not item["success"]}
+    assert refused == {"fragment_limit_exceeded"}
+    async with db(flagged.database_url) as conn:
+        assert await conn.fetchval("SELECT count(*) FROM fragments WHERE key_id = $1", key_id) == 7
+
+
+async def test_atomic_remember_rechecks_quota_under_the_key_lock(flagged: Stack) -> None:
+    """MEMENTO_REMEMBER_ATOMIC=true: remember waits for the key's row lock before its quota
+    re-check and insert (seed _rememberAtomic), and stores once the lock is released."""
+    raw, key_id = await create_api_key(flagged.database_url, fragment_limit=5)
+    waited, reply = await remember_while_key_locked(flagged, raw, key_id, f"Atomic quota probe {unique()} behind the key lock.")
+    assert waited is True
+    assert reply["success"] is True and reply["quota"] == {"used": 1, "limit": 5, "remaining": 4}
 
 
 async def test_dead_letter_after_retries(flagged: Stack) -> None:

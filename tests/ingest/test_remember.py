@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.ingest.helpers import db, fragment, rpc_error
+from tests.ingest.helpers import db, fragment, remember_while_key_locked, rpc_error
 from tests.support import call, create_api_key, mcp_session, unique
 
 
@@ -119,6 +119,20 @@ async def test_dry_run_simulates_without_storing(stack, mcp_url: str) -> None:
     assert sim["quota"] == {"used": 1, "limit": 50, "remaining": 48}
     async with db(stack.database_url) as conn:
         assert await conn.fetchval("SELECT count(*) FROM fragments WHERE key_id = $1", key_id) == 1
+
+
+async def test_default_remember_checks_quota_without_the_key_lock(stack) -> None:
+    """seed: MEMENTO_REMEMBER_ATOMIC defaults to false — remember checks the quota before its
+    write and does not wait for the key's row lock (the atomic path is tested with the flag
+    on in test_flags_and_queue.py); the limit still refuses once it is reached."""
+    raw, key_id = await create_api_key(stack.database_url, fragment_limit=1)
+    waited, reply = await remember_while_key_locked(stack, raw, key_id, f"Plain quota probe {unique()} beside the key lock.")
+    assert waited is False
+    assert reply["success"] is True and reply["quota"] == {"used": 1, "limit": 1, "remaining": 0}
+    waited, over = await remember_while_key_locked(stack, raw, key_id, f"Second quota probe {unique()} past the limit.")
+    assert waited is False
+    assert over["success"] is False and over["error"] == "fragment_limit_exceeded"
+    assert over["quota"] == {"used": 1, "limit": 1, "remaining": -1}
 
 
 async def test_supersedes_links_and_conflicts(stack, mcp_url: str, master_key: str) -> None:
