@@ -139,10 +139,14 @@ class GatewayEdge:
             reused = registry.for_token(token, "streamable-http")
             if reused is not None and reused in self.state.session_manager._server_instances:  # noqa: SLF001
                 scope["headers"] = [*scope["headers"], (b"mcp-session-id", reused.encode())]
-        if registry is not None and scope["method"] == "DELETE" and session_id:
-            session = registry.get(session_id)
-            if session is not None and session.principal.key_id == principal.key_id:
-                await registry.close(session.ids.get(session_id, session_id), "client_delete")
+        session = registry.get(session_id) if registry is not None else None
+        if session is not None:
+            transport_id = session.ids.get(session_id, session_id)
+            if transport_id != session_id:  # an id issued by rotate: the SDK knows the transport by its own
+                scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"mcp-session-id"]
+                scope["headers"].append((b"mcp-session-id", transport_id.encode()))
+            if scope["method"] == "DELETE" and session.principal.key_id == principal.key_id:
+                await registry.close(transport_id, "client_delete")
         if scope["method"] != "POST" or principal.key_id is None or principal.fragment_limit is None or not body:
             return send
         if not _has_method(body, "tools/call"):

@@ -98,10 +98,8 @@ class Transports:
             await self.streamable.handle_request(scope, receive, send)
             return
         assert self.registry is not None and session_id is not None
+        # An id issued by rotate arrives here already turned into its transport's (the edge).
         transport_id = session.ids.get(session_id, session_id)
-        if transport_id != session_id:  # an id issued by rotate: the SDK knows the transport by its own
-            scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"mcp-session-id"]
-            scope["headers"].append((b"mcp-session-id", transport_id.encode()))
         if session.ids.get(session.session_id) == transport_id and session.session_id != transport_id:
             send = _answering_as(session.session_id, send)  # tell the client the id rotate gave it
         self.registry.request_started(session)

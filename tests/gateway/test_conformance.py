@@ -26,7 +26,10 @@ from tests.support import Stack
 CONFORMANCE = CLIENTS / "inspector" / "node_modules" / ".bin" / "conformance"
 # Scenarios that fit a memory server: the others need the suite's own fixture tools
 # (images, audio, sampling, elicitation, test_* prompts and resources).
-SCENARIOS = ("server-initialize", "ping", "tools-list", "prompts-list", "resources-list")
+# dns-rebinding-protection checks Host/Origin refusal; server-sse-multiple-streams checks
+# concurrent POSTs of one session (answered as JSON, which the suite accepts).
+SCENARIOS = ("server-initialize", "ping", "tools-list", "prompts-list", "resources-list",
+             "dns-rebinding-protection", "server-sse-multiple-streams")
 HOP_BY_HOP = {"host", "content-length", "transfer-encoding", "connection"}
 
 

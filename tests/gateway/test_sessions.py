@@ -222,7 +222,10 @@ async def test_session_rotate_tool(stack: Stack, tuned_gateway: Gateway) -> None
         assert body["ok"] is True and body["oldSessionId"] == sid and body["reason"] == "scheduled_rotation"
         mcp.session_id = body["newSessionId"]
         assert (await mcp.rpc("tools/list"))["result"]["tools"]
-        await mcp.delete()
+        # DELETE with the new id ends the session: the old id is gone with it
+        assert (await mcp.delete()).status_code == 200
+        mcp.session_id = sid
+        assert (await mcp.request("tools/list")).status_code == 404
 
 
 async def test_legacy_sse_transport(stack: Stack) -> None:
