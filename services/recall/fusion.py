@@ -1,27 +1,50 @@
 """Fusing the search layers into one ranking.
 
-Lexical (BM25) and semantic (cosine) scores are min-max normalised over the scored pool and
-mixed linearly; each candidate then borrows from its best neighbouring turn (a question is
-often answered across two adjacent turns), and importance, activation and recency add small
-bounded terms. Measured on the LoCoMo dev turns (recall@10, categories 1-4): BM25 0.64,
-dense MiniLM 0.45, RRF of both 0.63, this linear mix 0.67, plus neighbour context 0.74.
+Every pooled fragment (the layers' candidates, the turns next to them, and theirs) gets a
+lexical feature — half its own BM25, half a "window" BM25 over itself plus half its
+neighbouring turns' term counts, so an answer split over two adjacent turns still matches —
+and its cosine to the query. Both are z-scored over the pool and mixed evenly; a candidate then
+borrows from its better neighbouring turn, and importance, activation and recency add small
+bounded terms. One round of RM3 pseudo-relevance feedback (Lavrenko & Croft 2001;
+Abdul-Jaleel et al. 2004) adds the ten terms that best characterise the first ranking's top
+hits and rescores the same pool.
+
+Measured on the LoCoMo dev turns (recall@10, categories 1-4; both conversations moved alike):
+BM25 0.64, dense MiniLM 0.45, min-max linear mix + neighbour borrowing 0.74; z-scores 0.746,
++ neighbours as candidates 0.759, + RM3 0.774, + window BM25 0.786, neighbour weight 0.3 and
+borrowing clamped at 0: 0.794. Every constant is a textbook or round default (RM3: feedback
+docs = default pageSize, 10 terms, 0.3 interpolation); a 12-point grid around them scored
+0.779-0.800 and leave-one-conversation-out tuning landed on the same point.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from shared.domain.search import RankedHit
-from shared.repositories.retrieval import Scored
+from shared.repositories.retrieval import BM25_B, BM25_K1
 
-# Reciprocal-rank fusion constant (Cormack et al. 2009), kept for callers that fuse plain ranks.
+# Reciprocal-rank fusion constant (Cormack et al. 2009), for rankings without comparable scores.
 RRF_K = 60
 
 LEXICAL_WEIGHT = 0.5
 SEMANTIC_WEIGHT = 0.5
-NEIGHBOUR_WEIGHT = 0.4
-# Bounded priors: together they can move a hit by at most 0.05 on a ~1.0 scale, enough to
-# order near-ties, never enough to lift an irrelevant fragment over a relevant one.
+NEIGHBOUR_WEIGHT = 0.3
+# A neighbouring turn's term counts and length enter a fragment's window BM25 at this weight;
+# the lexical feature mixes own and window BM25 (each divided by its pool maximum) this way.
+WINDOW_GAMMA = 0.5
+WINDOW_MIX = 0.5
+# RM3: the first ranking's top RM3_FEEDBACK are taken as relevant; the RM3_PRESELECT terms
+# weighing most in them have their document frequency looked up; the RM3_TERMS best by
+# weight x IDF join the query, an average one at RM3_WEIGHT x its IDF.
+RM3_FEEDBACK = 10
+RM3_PRESELECT = 40
+RM3_TERMS = 10
+RM3_WEIGHT = 0.3
+# Bounded priors: on the z scale they only order near-ties.
 IMPORTANCE_WEIGHT = 0.02
 ACTIVATION_WEIGHT = 0.02
 RECENCY_WEIGHT = 0.01
@@ -29,43 +52,111 @@ RECENCY_HALF_LIFE_DAYS = 30.0
 
 
 @dataclass
-class FusionInput:
+class PoolRow:
+    """A pooled fragment as ranking sees it."""
+
+    id: str
+    tf: dict[str, int]  # positions of each query (and expansion) term
+    dl: int  # distinct lexemes (length(search_tsv))
+    cosine: float | None
+    importance: float
+    activation: float
+    age_days: float
+    prev: str | None = None  # neighbouring turns in the same session (seq order), if pooled
+    next: str | None = None
+
+
+@dataclass
+class Pool:
     candidates: dict[str, set[str]]  # id -> layers that proposed it
-    scored: dict[str, Scored]
-    neighbours: dict[str, list[str]]
-    lexical_weight: float = LEXICAL_WEIGHT
-    semantic_weight: float = SEMANTIC_WEIGHT
+    rows: dict[str, PoolRow]
+    avgdl: float
+    ids: list[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.ids = list(self.rows)
 
 
-def _normalise(values: dict[str, float], floor_at_zero: bool) -> dict[str, float]:
-    if not values:
-        return {}
-    hi = max(values.values())
-    lo = 0.0 if floor_at_zero else min(values.values())
-    span = hi - lo
-    if span <= 1e-12:
-        return {k: (1.0 if v > 0 else 0.0) for k, v in values.items()}
-    return {k: max(v - lo, 0.0) / span for k, v in values.items()}
+def _bm25(tf: np.ndarray, dl: np.ndarray, idf: np.ndarray, avgdl: float) -> np.ndarray:
+    norm = BM25_K1 * (1 - BM25_B + BM25_B * dl / max(avgdl, 1.0))
+    return ((tf * (BM25_K1 + 1)) / (tf + norm[:, None] + 1e-12) * idf[None, :]).sum(axis=1)
 
 
-def fuse_scores(data: FusionInput) -> list[RankedHit]:
-    bm25 = _normalise({k: s.bm25 for k, s in data.scored.items()}, floor_at_zero=True)
-    cos = _normalise({k: s.cosine for k, s in data.scored.items() if s.cosine is not None}, floor_at_zero=False)
-    base = {k: data.lexical_weight * bm25.get(k, 0.0) + data.semantic_weight * cos.get(k, 0.0) for k in data.scored}
+def _z(x: np.ndarray) -> np.ndarray:
+    sd = x.std()
+    return (x - x.mean()) / (sd if sd > 1e-12 else 1.0)
+
+
+def score(pool: Pool, idf: dict[str, float]) -> list[RankedHit]:
+    """The candidates ranked for the query terms `idf` (term -> weight)."""
+    ids = pool.ids
+    if not ids:
+        return []
+    rows = pool.rows
+    at = {fid: k for k, fid in enumerate(ids)}
+    terms = list(idf)
+    weights = np.array([idf[t] for t in terms], dtype=float)
+    tf = np.array([[rows[fid].tf.get(t, 0) for t in terms] for fid in ids], dtype=float).reshape(len(ids), len(terms))
+    dl = np.array([rows[fid].dl for fid in ids], dtype=float)
+    # A missing neighbour is index -1: the appended zero row (or -inf for borrowing).
+    prev = np.array([at.get(rows[fid].prev, -1) if rows[fid].prev else -1 for fid in ids], dtype=int)
+    nxt = np.array([at.get(rows[fid].next, -1) if rows[fid].next else -1 for fid in ids], dtype=int)
+    tf0 = np.vstack([tf, np.zeros((1, len(terms)))])
+    dl0 = np.append(dl, 0.0)
+    own = _bm25(tf, dl, weights, pool.avgdl)
+    window = _bm25(tf + WINDOW_GAMMA * (tf0[prev] + tf0[nxt]), dl + WINDOW_GAMMA * (dl0[prev] + dl0[nxt]),
+                   weights, (1 + 2 * WINDOW_GAMMA) * pool.avgdl)
+    lexical = _z((1 - WINDOW_MIX) * own / (own.max() or 1.0) + WINDOW_MIX * window / (window.max() or 1.0))
+    has_cos = np.array([rows[fid].cosine is not None for fid in ids])
+    cos = np.zeros(len(ids))
+    if has_cos.any():
+        raw = np.array([rows[fid].cosine or 0.0 for fid in ids])
+        cos[has_cos] = _z(raw[has_cos])
+    base = LEXICAL_WEIGHT * lexical + SEMANTIC_WEIGHT * cos
+    base0 = np.append(base, -np.inf)
+    borrowed = np.maximum(np.maximum(base0[prev], base0[nxt]), 0.0)
     hits = []
-    for fid, layers in data.candidates.items():
-        s = data.scored.get(fid)
-        if s is None:
+    for fid, layers in pool.candidates.items():
+        k = at.get(fid)
+        if k is None:
             continue
-        around = [base[n] for n in data.neighbours.get(fid, ()) if n in base]
-        score = base[fid] + (NEIGHBOUR_WEIGHT * max(around) if around else 0.0)
-        recency = 0.5 ** (max(s.age_days, 0.0) / RECENCY_HALF_LIFE_DAYS)
-        score += IMPORTANCE_WEIGHT * s.importance + ACTIVATION_WEIGHT * min(max(s.activation, 0.0), 1.0)
-        score += RECENCY_WEIGHT * recency
-        hit = RankedHit(fid, score, set(layers))
-        hits.append(hit)
+        r = rows[fid]
+        s = base[k] + NEIGHBOUR_WEIGHT * borrowed[k]
+        s += IMPORTANCE_WEIGHT * r.importance + ACTIVATION_WEIGHT * min(max(r.activation, 0.0), 1.0)
+        s += RECENCY_WEIGHT * 0.5 ** (max(r.age_days, 0.0) / RECENCY_HALF_LIFE_DAYS)
+        hits.append(RankedHit(fid, float(s), set(layers)))
     hits.sort(key=lambda h: h.score, reverse=True)
     return hits
+
+
+def feedback_weights(ranked: list[RankedHit], content_tf: dict[str, dict[str, int]], query: dict[str, float],
+                     stop_lexemes: frozenset[str]) -> dict[str, float]:
+    """RM3's term weights over the top hits (content terms only), for the RM3_PRESELECT
+    heaviest terms that are not already in the query nor stop words."""
+    weight: dict[str, float] = {}
+    for hit in ranked[:RM3_FEEDBACK]:
+        tf = content_tf.get(hit.id, {})
+        size = sum(tf.values()) or 1
+        for term, f in tf.items():
+            weight[term] = weight.get(term, 0.0) + f / size * max(hit.score, 0.0)
+    heaviest = sorted(weight, key=lambda t: -weight[t])
+    picked = [t for t in heaviest if weight[t] > 0 and t not in query and t not in stop_lexemes and len(t) > 1]
+    picked = picked[:RM3_PRESELECT]
+    return {t: weight[t] for t in picked}
+
+
+def expansion(weights: dict[str, float], dfs: dict[str, int], total: int) -> dict[str, float]:
+    """The RM3_TERMS expansion terms with their query weights (terms in a single fragment
+    carry no evidence beyond the one that has them)."""
+    n = max(total, 1)
+    idf = {t: math.log(1 + (n - df + 0.5) / (df + 0.5)) for t, df in dfs.items() if df > 1 and t in weights}
+    chosen = sorted(idf, key=lambda t: -weights[t] * idf[t])[:RM3_TERMS]
+    if not chosen:
+        return {}
+    mean = sum(weights[t] for t in chosen) / len(chosen)
+    if mean <= 0:
+        return {}
+    return {t: RM3_WEIGHT * idf[t] * weights[t] / mean for t in chosen}
 
 
 def fuse_ranked_lists(layers: dict[str, list[tuple[str, float]]], weights: dict[str, float] | None = None) -> list[RankedHit]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import asyncpg
 import numpy as np
 
-from services.recall.fusion import FusionInput, fuse_ranked_lists, fuse_scores
+from services.recall.fusion import RM3_FEEDBACK, Pool, PoolRow, expansion, feedback_weights, fuse_ranked_lists, score
 from shared.domain.keywords import korean_morphemes
 from shared.domain.principal import Principal
 from shared.domain.search import FragmentFilter, RankedHit
@@ -78,7 +78,7 @@ async def _semantic_on(
     vector = await req.vector if req.vector is not None else None
     if vector is None:
         return None, []
-    semantic = await fragments_repo.vector_candidates(conn, principal, flt, vector, LAYER_DEPTH)
+    semantic = await retrieval.nearest(conn, principal, flt, vector, LAYER_DEPTH)
     if req.threshold is not None:
         semantic = [(fid, sim) for fid, sim in semantic if sim >= req.threshold]
     return vector, semantic
@@ -92,6 +92,27 @@ async def _semantic(
     await asyncio.shield(req.vector)  # no second connection is held while the model runs
     async with pool.acquire() as conn:
         return await _semantic_on(conn, principal, flt, req)
+
+
+async def _feedback(
+    conn: asyncpg.Connection, principal: Principal, corpus: FragmentFilter, scope: str, df_cache: DocumentFrequencies,
+    ranked: list[RankedHit], stats: retrieval.TermStats, scope_total: int,
+) -> dict[str, float]:
+    """RM3 expansion terms from the first ranking's top hits (their weights in the query)."""
+    top = [h.id for h in ranked[:RM3_FEEDBACK]]
+    if not top:
+        return {}
+    weights = feedback_weights(ranked, await retrieval.content_terms(conn, top), stats.idf, await retrieval.stop_lexemes(conn))
+    if not weights:
+        return {}
+    now = time.monotonic()
+    dfs = df_cache.get_many(scope, list(weights), now)
+    missing = [t for t in weights if t not in dfs]
+    if missing:
+        fresh = await retrieval.document_frequencies(conn, principal, corpus, missing)
+        df_cache.put(scope, fresh, now)
+        dfs.update(fresh)
+    return expansion(weights, dfs, scope_total)
 
 
 def _lexical_extras(text: str | None, keywords: list[str]) -> list[str]:
@@ -159,17 +180,46 @@ async def layered_search(
     if via_graph:
         path.append(f"L2.5:{len(via_graph)}")
 
-    # Every candidate borrows from its neighbouring turns: limiting this to the top 40 by
-    # reciprocal rank cost 0.03 recall@10 on LoCoMo dev (a low-ranked turn next to a strong
-    # one is exactly what it lifts).
-    neighbours = await retrieval.turn_neighbours(conn, principal, flt, list(candidates))
-    to_score = set(candidates) | {n for around in neighbours.values() for n in around}
-    scored = await retrieval.score_ids(conn, principal, list(to_score), stats, avgdl, vector)
+    # Turns next to a candidate join the candidates (an answer is often the reply to the
+    # turn that matched), and every pooled turn knows its neighbours for window BM25 and
+    # borrowing: ±2 around the layers' candidates covers ±1 around the joined ones.
+    around = await retrieval.turn_neighbours(conn, principal, flt, list(candidates), width=2)
+    links: dict[str, list[str | None]] = {}  # id -> [prev, next]
+
+    def adjacent(first: str, second: str) -> None:
+        links.setdefault(first, [None, None])[1] = second
+        links.setdefault(second, [None, None])[0] = first
+
+    joined = 0
+    for fid, (before, after) in around.items():
+        run = [*reversed(before), fid, *after]
+        for left, right in zip(run, run[1:]):
+            adjacent(left, right)
+        for near in before[:1] + after[:1]:
+            if near not in candidates:
+                candidates[near] = {"NB"}
+                joined += 1
+    if joined:
+        path.append(f"NB:{joined}")
+    pooled_ids = list(set(candidates) | set(links))
+    rows = await retrieval.pool_rows(conn, principal, pooled_ids, list(stats.idf), vector)
     if req.threshold is not None:
-        # threshold bounds similarity: a hit only the vector layer proposed must clear it.
+        # threshold bounds similarity: a hit no lexical layer proposed must clear it.
         for fid, layers in list(candidates.items()):
-            s = scored.get(fid)
-            if layers <= {"L3", "L2.5"} and (s is None or s.cosine is None or s.cosine < req.threshold):
+            r = rows.get(fid)
+            if not layers & {"L2"} and (r is None or r.cosine is None or r.cosine < req.threshold):
                 candidates.pop(fid)
-    hits = fuse_scores(FusionInput(candidates, scored, neighbours))
+    pool = Pool(candidates, {
+        fid: PoolRow(r.id, r.tf, r.dl, r.cosine, r.importance, r.activation, r.age_days,
+                     *(links.get(fid) or (None, None)))
+        for fid, r in rows.items()
+    }, avgdl)
+    hits = score(pool, stats.idf)
+    extra = await _feedback(conn, principal, corpus, scope, df_cache, hits, stats, scope_total)
+    if extra:
+        for fid, counts in (await retrieval.term_counts(conn, pooled_ids, list(extra))).items():
+            if fid in pool.rows:
+                pool.rows[fid].tf.update(counts)
+        hits = score(pool, {**stats.idf, **extra})
+        path.append(f"RM3:{len(extra)}")
     return SearchOutcome(hits, path, via_graph, vector)

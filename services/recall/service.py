@@ -324,7 +324,7 @@ async def _spread(
     """Spreading activation: fragments nearest the conversation context are activated and
     join the ranking just below the query's own hits."""
     vector = await res.embed_query(context_text)
-    near = await fragments_repo.vector_candidates(conn, ctx.principal, flt, vector, SPREAD_TOP)
+    near = await retrieval.nearest(conn, ctx.principal, flt, vector, SPREAD_TOP)
     path.append(f"SA:{len(near)}")
     floor = min((h.score for h in hits), default=1.0)
     by_id = {h.id: h for h in hits}

@@ -3,6 +3,7 @@ turns and one-hop graph neighbours. Every query goes through filter_clauses / re
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -10,6 +11,7 @@ import asyncpg
 import numpy as np
 
 from shared.domain.principal import Principal, SqlParams, read_scope, workspace_scope
+from shared.domain.keywords import STOPWORDS
 from shared.domain.search import FragmentFilter
 from shared.repositories.fragments import filter_clauses
 
@@ -32,6 +34,8 @@ PRE_RANK = 300
 PRE_RANK_FILTERED = 2000
 
 
+# A filtered scope of at most this many rows is ranked exactly rather than through HNSW.
+EXACT_SCOPE = 3000
 # Neighbouring turns are looked for among this many turns each side of a hit.
 NEIGHBOUR_SCAN = 8
 
@@ -155,72 +159,155 @@ async def count_in_scope(conn: asyncpg.Connection, principal: Principal, flt: Fr
     return int(await conn.fetchval(f"SELECT count(*) FROM fragments f WHERE {where}", *params.values))
 
 
+async def nearest(
+    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, embedding: np.ndarray, limit: int
+) -> list[tuple[str, float]]:
+    """L3: the `limit` fragments closest to `embedding` that pass every filter, best first,
+    as (id, cosine similarity).
+
+    A scope an index can find (an API key's fragments, a workspace) with at most EXACT_SCOPE
+    rows is ranked exactly: walking the HNSW graph for the few rows that pass a selective
+    filter is slow (iterative scan) and approximate. Larger scopes use the HNSW index with
+    the filters inside the scan (hnsw.iterative_scan, set on the pool), so filtering never
+    empties the top k. One statement: the branch not taken is skipped by a one-time filter.
+    """
+    params = SqlParams()
+    vec = params.add(embedding)
+    where = " AND ".join(filter_clauses(principal, flt, params))
+    k = params.add(limit)
+    if principal.is_master and flt.workspace is None:
+        sql = f"""
+            WITH nearest AS MATERIALIZED (
+                SELECT f.id, f.embedding <=> {vec} AS distance FROM fragments f
+                WHERE f.embedding IS NOT NULL AND {where}
+                ORDER BY f.embedding <=> {vec} LIMIT {k}
+            )
+            SELECT id, distance FROM nearest ORDER BY distance
+        """
+    else:
+        cap = params.add(EXACT_SCOPE + 1)
+        sql = f"""
+            WITH scope AS MATERIALIZED (
+                SELECT f.id, f.embedding FROM fragments f
+                WHERE f.embedding IS NOT NULL AND {where} LIMIT {cap}
+            ),
+            n AS (SELECT count(*) AS rows FROM scope),
+            exact AS (
+                SELECT s.id, s.embedding <=> {vec} AS distance FROM scope s
+                WHERE (SELECT rows FROM n) <= {EXACT_SCOPE}
+                ORDER BY distance LIMIT {k}
+            ),
+            graph AS MATERIALIZED (
+                SELECT f.id, f.embedding <=> {vec} AS distance FROM fragments f
+                WHERE (SELECT rows FROM n) > {EXACT_SCOPE} AND f.embedding IS NOT NULL AND {where}
+                ORDER BY f.embedding <=> {vec} LIMIT {k}
+            )
+            SELECT id, distance FROM exact UNION ALL SELECT id, distance FROM graph ORDER BY distance
+        """
+    rows = await conn.fetch(sql, *params.values)
+    return [(r["id"], 1.0 - float(r["distance"])) for r in rows]
+
+
 @dataclass
-class Scored:
+class PooledFragment:
     id: str
-    bm25: float
+    tf: dict[str, int]
+    dl: int
     cosine: float | None
     importance: float
     activation: float
     age_days: float
-    session_id: str | None
 
 
-async def score_ids(
-    conn: asyncpg.Connection,
-    principal: Principal,
-    ids: list[str],
-    stats: TermStats,
-    avgdl: float,
-    embedding: np.ndarray | None,
-) -> dict[str, Scored]:
-    """BM25 and cosine similarity for given fragments (candidates and their context)."""
+async def pool_rows(
+    conn: asyncpg.Connection, principal: Principal, ids: list[str], terms: list[str], embedding: np.ndarray | None
+) -> dict[str, PooledFragment]:
+    """What ranking needs of each pooled fragment: the query terms' counts (from the
+    postings, one primary-key probe per fragment), length, cosine to the query, priors."""
     if not ids:
         return {}
     params = SqlParams()
     scope = read_scope(principal, params)
     id_list = params.add(ids)
-    terms = params.add(list(stats.idf))
-    idfs = params.add(list(stats.idf.values()))
-    dl = params.add(max(avgdl, 1.0))
+    term_list = params.add(terms)
     cosine = "NULL::float8"
     if embedding is not None:
         cosine = f"1 - (f.embedding <=> {params.add(embedding)})"
     sql = f"""
-        WITH q AS (SELECT * FROM unnest({terms}::text[], {idfs}::float8[]) AS q(term, idf)),
-        bm AS (
-            -- per fragment, primary-key probes for the query's terms
-            SELECT i.id AS fragment_id, s.score FROM unnest({id_list}::text[]) AS i(id)
-            CROSS JOIN LATERAL (
-                SELECT sum(q.idf * (t.tf * {BM25_K1 + 1}) /
-                       (t.tf + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * t.dl / {dl}::float8))) AS score
-                FROM fragment_terms t JOIN q ON q.term = t.term
-                WHERE t.fragment_id = i.id AND t.term = ANY({terms}::text[])
-            ) s
-        )
-        SELECT f.id, f.session_id, f.importance, f.ema_activation,
+        SELECT f.id, f.importance, f.ema_activation, length(f.search_tsv) AS dl,
                extract(epoch FROM now() - f.created_at) / 86400.0 AS age_days,
-               coalesce(bm.score, 0) AS bm25,
-               CASE WHEN f.embedding IS NULL THEN NULL ELSE {cosine} END AS cosine
-        FROM fragments f LEFT JOIN bm ON bm.fragment_id = f.id
-        WHERE f.id = ANY({id_list}::text[]) AND {scope}
+               CASE WHEN f.embedding IS NULL THEN NULL ELSE {cosine} END AS cosine,
+               (SELECT coalesce(jsonb_object_agg(t.term, t.tf), '{{}}') FROM fragment_terms t
+                 WHERE t.fragment_id = f.id AND t.term = ANY({term_list}::text[]))::text AS tf
+        FROM fragments f WHERE f.id = ANY({id_list}::text[]) AND {scope}
     """
-    rows = await conn.fetch(sql, *params.values)
-    return {
-        r["id"]: Scored(
-            r["id"], float(r["bm25"]), None if r["cosine"] is None else float(r["cosine"]),
-            float(r["importance"]), float(r["ema_activation"]), float(r["age_days"]), r["session_id"],
+    out = {}
+    for r in await conn.fetch(sql, *params.values):
+        out[r["id"]] = PooledFragment(
+            r["id"], _counts(r["tf"]), int(r["dl"]), None if r["cosine"] is None else float(r["cosine"]),
+            float(r["importance"]), float(r["ema_activation"]), float(r["age_days"]),
         )
-        for r in rows
-    }
+    return out
+
+
+def _counts(encoded: str) -> dict[str, int]:
+    return {term: int(n) for term, n in json.loads(encoded).items()}
+
+
+async def term_counts(conn: asyncpg.Connection, ids: list[str], terms: list[str]) -> dict[str, dict[str, int]]:
+    """Counts of `terms` in fragments already read through the caller's scope (the pool)."""
+    if not ids or not terms:
+        return {}
+    rows = await conn.fetch(
+        """
+        SELECT i.id, (SELECT coalesce(jsonb_object_agg(t.term, t.tf), '{}') FROM fragment_terms t
+                      WHERE t.fragment_id = i.id AND t.term = ANY($2::text[]))::text AS tf
+        FROM unnest($1::text[]) AS i(id)
+        """,
+        ids, terms,
+    )
+    return {r["id"]: _counts(r["tf"]) for r in rows}
+
+
+async def content_terms(conn: asyncpg.Connection, ids: list[str]) -> dict[str, dict[str, int]]:
+    """Each fragment's content lexemes (weight B: prose and Korean morphemes, not topic or
+    keywords) with their counts, for pseudo-relevance feedback over already-ranked hits."""
+    if not ids:
+        return {}
+    rows = await conn.fetch(
+        """
+        SELECT f.id, (
+            SELECT coalesce(jsonb_object_agg(u.lexeme, b.n), '{}') FROM unnest(f.search_tsv) u,
+                   LATERAL (SELECT count(*) AS n FROM unnest(u.weights) w WHERE w = 'B') b
+            WHERE b.n > 0
+        )::text AS tf
+        FROM fragments f WHERE f.id = ANY($1::text[])
+        """,
+        ids,
+    )
+    return {r["id"]: _counts(r["tf"]) for r in rows}
+
+
+_STOP_LEXEMES: frozenset[str] | None = None
+
+
+async def stop_lexemes(conn: asyncpg.Connection) -> frozenset[str]:
+    """The extractor's stop words as the english configuration stems them (computed once)."""
+    global _STOP_LEXEMES
+    if _STOP_LEXEMES is None:
+        lexemes = await conn.fetchval(
+            "SELECT array(SELECT lexeme FROM unnest(to_tsvector('english', $1)))", " ".join(sorted(STOPWORDS))
+        )
+        _STOP_LEXEMES = frozenset(lexemes or ())
+    return _STOP_LEXEMES
 
 
 async def turn_neighbours(
-    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, ids: list[str], width: int = 1
-) -> dict[str, list[str]]:
-    """The fragments stored just before and after each one in the same session (seq order)
-    that pass the filters, looked for among the NEIGHBOUR_SCAN nearest turns each side: a
-    selective filter in a long session must not walk the whole session."""
+    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, ids: list[str], width: int = 2
+) -> dict[str, tuple[list[str], list[str]]]:
+    """The `width` fragments stored just before and just after each one in the same session
+    (seq order, nearest first) that pass the filters, looked for among the NEIGHBOUR_SCAN
+    nearest turns each side: a selective filter in a long session must not walk all of it."""
     if not ids:
         return {}
     params = SqlParams()
@@ -229,19 +316,17 @@ async def turn_neighbours(
     w = params.add(width)
     scan = params.add(NEIGHBOUR_SCAN)
     sql = f"""
-        SELECT c.id, array(
-            (SELECT n.id FROM (SELECT * FROM fragments x WHERE x.session_id = c.session_id AND x.seq < c.seq
-                               ORDER BY x.seq DESC LIMIT {scan}) n
-             WHERE {where} ORDER BY n.seq DESC LIMIT {w})
-            UNION ALL
-            (SELECT n.id FROM (SELECT * FROM fragments x WHERE x.session_id = c.session_id AND x.seq > c.seq
-                               ORDER BY x.seq ASC LIMIT {scan}) n
-             WHERE {where} ORDER BY n.seq ASC LIMIT {w})
-        ) AS around
+        SELECT c.id,
+            array(SELECT n.id FROM (SELECT * FROM fragments x WHERE x.session_id = c.session_id AND x.seq < c.seq
+                                    ORDER BY x.seq DESC LIMIT {scan}) n
+                  WHERE {where} ORDER BY n.seq DESC LIMIT {w}) AS before,
+            array(SELECT n.id FROM (SELECT * FROM fragments x WHERE x.session_id = c.session_id AND x.seq > c.seq
+                                    ORDER BY x.seq ASC LIMIT {scan}) n
+                  WHERE {where} ORDER BY n.seq ASC LIMIT {w}) AS after
         FROM fragments c WHERE c.id = ANY({id_list}::text[]) AND c.session_id IS NOT NULL
     """
     rows = await conn.fetch(sql, *params.values)
-    return {r["id"]: list(r["around"]) for r in rows}
+    return {r["id"]: (list(r["before"]), list(r["after"])) for r in rows}
 
 
 async def graph_neighbours(

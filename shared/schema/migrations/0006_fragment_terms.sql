@@ -71,3 +71,14 @@ SELECT f.id, u.lexeme, f.key_id, f.workspace, f.type,
        greatest(coalesce(cardinality(u.positions), 1), 1), length(f.search_tsv)
 FROM fragments f, unnest(f.search_tsv) AS u
 ON CONFLICT DO NOTHING;
+
+-- Vector search over a small filtered scope (a workspace, a key's own fragments, a type)
+-- is exact instead of walking the HNSW graph for the few rows that pass: this index finds
+-- the scope of a master-key query by workspace (API keys have fragments_key_ws).
+CREATE INDEX IF NOT EXISTS fragments_workspace_type ON fragments (workspace, type);
+
+-- Keep the 1.5 KB embedding in the row: stored out of line (the default once a row passes
+-- 2 KB) every cosine of a candidate, the exact scan above and score_ids paid a TOAST lookup.
+-- Rows written from now on; older rows move on their next rewrite.
+ALTER TABLE fragments ALTER COLUMN embedding SET STORAGE MAIN;
+ALTER TABLE fragments SET (toast_tuple_target = 4080);

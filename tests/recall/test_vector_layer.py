@@ -1,0 +1,62 @@
+"""L3's two plans: a small filtered scope is ranked exactly, a large one through HNSW with the
+filters inside the scan. Both must return the same fragments in the same order, and only
+what the caller may read."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+from pgvector.asyncpg import register_vector
+
+from shared.db import SEARCH_PATH
+from shared.domain.principal import Principal
+from shared.domain.search import FragmentFilter
+from shared.embeddings import load_embedder
+from shared.repositories import retrieval
+from tests.support import Stack, call, create_api_key, mcp_session, unique
+
+TEXTS = [
+    "The nightly backup of the orders database runs at 02:00 UTC.",
+    "Backups of Postgres are copied to a second region every night.",
+    "The design review for the checkout page is on Thursday.",
+    "Redis evictions spiked after the cache TTL was lowered.",
+    "Restore drills from last night's database backup take forty minutes.",
+]
+
+
+@pytest.fixture
+async def conn(stack: Stack):  # type: ignore[no-untyped-def]
+    c = await asyncpg.connect(stack.database_url, server_settings={"search_path": SEARCH_PATH})
+    await register_vector(c)
+    await c.execute("SET hnsw.iterative_scan = relaxed_order")
+    yield c
+    await c.close()
+
+
+async def test_exact_and_graph_plans_agree_and_stay_in_scope(
+    stack: Stack, conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ws = unique()
+    key, key_id = await create_api_key(stack.database_url)
+    other, _ = await create_api_key(stack.database_url)
+    async with mcp_session(stack.mcp_url, key) as s:
+        mine = [r["id"] for r in (await call(s, "batch_remember", {"workspace": ws, "fragments": [
+            {"content": t, "topic": "ops", "type": "fact"} for t in TEXTS]}))["results"]]
+    async with mcp_session(stack.mcp_url, other) as s:
+        theirs = (await call(s, "remember", {"content": TEXTS[0], "topic": "ops", "type": "fact", "workspace": ws}))["id"]
+
+    principal = Principal(key_id=key_id, visible_key_ids=(key_id,))
+    query = load_embedder().embed(["when is the database backed up?"])[0]
+    # facts only: closing the sessions writes an AutoReflect episode into the workspace too
+    flt = FragmentFilter(workspace=ws, types=("fact",))
+    exact = await retrieval.nearest(conn, principal, flt, query, 4)
+    monkeypatch.setattr(retrieval, "EXACT_SCOPE", 0)  # every scope takes the HNSW plan
+    graph = await retrieval.nearest(conn, principal, flt, query, 4)
+
+    assert [i for i, _ in exact] == [i for i, _ in graph]
+    assert [round(sim, 5) for _, sim in exact] == [round(sim, 5) for _, sim in graph]
+    assert theirs not in {i for i, _ in exact}
+    assert {i for i, _ in exact} <= set(mine)
+    assert exact[0][0] in (mine[0], mine[1], mine[4])
+    sims = [sim for _, sim in exact]
+    assert sims == sorted(sims, reverse=True)
