@@ -72,7 +72,11 @@ class Upstreams:
                 continue
             except httpx2.HTTPError as exc:
                 raise Unavailable(f"{service} service error: {exc.__class__.__name__}") from exc
-            body = response.json()
+            try:
+                body = response.json()
+            except ValueError:  # not our JSON reply: a crash page, a proxy's error
+                logger.warning("%s replica %s answered HTTP %s without a JSON body", service, url, response.status_code)
+                raise Unavailable(f"{service} service error: HTTP {response.status_code}") from None
             if response.status_code >= 400 or "error" in body:
                 raise _error_from(body)
             return body["result"], bool(body.get("isError"))

@@ -5,14 +5,17 @@ Postgres, session activity reaches its row; and all of it works with REDIS_ENABL
 from __future__ import annotations
 
 import json
+import threading
 from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from tests.gateway.conftest import Gateway
+from services.stack.supervisor import free_port
+from tests.gateway.conftest import Gateway, start_gateway
 from tests.gateway.wire import RawMcp, db, wait_for
 from tests.support import Stack, mcp_session, unique
 
@@ -135,3 +138,36 @@ async def test_everything_works_without_redis(stack: Stack, redisless_gateway: G
         reply = await second.rpc("resources/read", {"uri": "memory://active-session"})
         assert json.loads(reply["result"]["contents"][0]["text"])["sessionId"] == first.session_id
         await second.delete()
+
+
+class _Broken(BaseHTTPRequestHandler):
+    """An upstream that answers like a crashed service: HTTP 500 with a plain-text body."""
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.send_response(500)
+        self.send_header("Content-Type", "text/plain")
+        self.end_headers()
+        self.wfile.write(b"Internal Server Error")
+
+    def do_GET(self) -> None:  # noqa: N802
+        self.do_POST()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+async def test_an_upstream_reply_that_is_not_json_is_a_clear_error(stack: Stack) -> None:
+    broken = ThreadingHTTPServer(("127.0.0.1", free_port()), _Broken)
+    thread = threading.Thread(target=broken.serve_forever, daemon=True)
+    thread.start()
+    proc, gateway = start_gateway(stack, "gateway-broken-recall", 5, {"RECALL_URL": f"http://127.0.0.1:{broken.server_port}"})
+    try:
+        async with mcp_session(gateway.mcp_url, stack.master_key) as s:
+            with pytest.raises(MCPError) as failed:
+                await s.call_tool("memory_stats", {})
+            assert failed.value.error.code == -32603 and failed.value.error.message == "recall service error: HTTP 500"
+            # the session and the other service still work
+            assert (await s.call_tool("get_skill_guide", {"section": "keywords"})).is_error is False
+    finally:
+        proc.stop()
+        broken.shutdown()
