@@ -39,8 +39,9 @@ from shared.repositories import recall_views, retrieval
 WARMUP = 30
 SUITES: dict[str, Callable[..., Any]] = {"text": text_queries, "keyword": keyword_queries, "filtered": filtered_queries}
 STAGES = {
-    retrieval: ["query_terms", "document_frequencies", "bm25_candidates", "score_ids", "turn_neighbours", "graph_neighbours"],
-    fragments_repo: ["vector_candidates", "fetch_by_ids"],
+    retrieval: ["query_terms", "document_frequencies", "bm25_candidates", "nearest", "graph_neighbours", "turn_neighbours",
+                "pool_rows", "content_terms", "term_counts"],
+    fragments_repo: ["fetch_by_ids"],
     recall_views: ["latest_seq", "still_fresh", "meta_facts", "links_of"],
     meta_mod: ["hints", "suggestion"],
     render: ["decorate"],
