@@ -13,9 +13,9 @@ activity. seed "token-based session reuse": a client that reconnects with the sa
 and no Mcp-Session-Id gets its session back. Its `initialize` opens a new transport session
 (so two live clients of one key never share JSON-RPC ids or replies) that inherits the
 logical session of the key's most recently active session that is *idle*: no request or
-GET stream of it is open, and it either had a GET stream that has since closed (an SDK
-client that went away) or was attached more than ATTACH_GRACE_SECONDS ago (a client that
-never opens one). A session ended by DELETE or by its idle timeout is over and is not
+GET stream of it is open, and either a GET stream of it has closed since it attached (an
+SDK client holds one for as long as it lives) or nothing of it has been open for
+QUIET_SECONDS (a client that never opens one). A session ended by DELETE or by its idle timeout is over and is not
 inherited. The logical session ends when its last transport session ends.
 
 Activity is kept in memory and written to the session row in the background (every
@@ -53,9 +53,9 @@ SESSIONS_RESUMED = Counter("mcp_session_resumed_total", "initialize requests tha
 
 Transport = Literal["streamable-http", "sse"]
 
-# An SDK client opens its GET stream right after initialize; until then (or for a client
-# that never opens one, this long) a freshly attached session counts as live.
-ATTACH_GRACE_SECONDS = 5.0
+# A session whose client never opened a GET stream (or has not yet: an SDK client opens it
+# right after initialize) counts as live until nothing of it has been open this long.
+QUIET_SECONDS = 30.0
 # Session rows learn their activity this often; a crash loses at most this much of it.
 ACTIVITY_FLUSH_SECONDS = 1.0
 
@@ -87,7 +87,7 @@ class GatewaySession:
     transports: set[str] = field(default_factory=set)
     # Requests and GET streams open right now, over all its transports.
     open_requests: int = 0
-    attached_at: float = field(default_factory=time.monotonic)
+    quiet_since: float = field(default_factory=time.monotonic)
     stream_closed_since_attach: bool = False
     # Activity entries not yet written to the row of `pending_segment`.
     pending: list[dict[str, Any]] = field(default_factory=list)
@@ -99,7 +99,7 @@ class GatewaySession:
     def idle(self, now: float) -> bool:
         if self.closed or self.open_requests > 0:
             return False
-        return self.stream_closed_since_attach or now - self.attached_at > ATTACH_GRACE_SECONDS
+        return self.stream_closed_since_attach or now - self.quiet_since > QUIET_SECONDS
 
 
 class SessionRegistry:
@@ -190,7 +190,7 @@ class SessionRegistry:
     def _attach(self, session: GatewaySession, transport_id: str) -> None:
         session.transports.add(transport_id)
         session.ids[transport_id] = transport_id
-        session.attached_at = time.monotonic()
+        session.quiet_since = time.monotonic()
         session.stream_closed_since_attach = False
         self.by_id[transport_id] = session
         if session.token_digest:
@@ -201,6 +201,7 @@ class SessionRegistry:
 
     def request_ended(self, session: GatewaySession, stream: bool) -> None:
         session.open_requests -= 1
+        session.quiet_since = time.monotonic()
         if stream:
             session.stream_closed_since_attach = True
 

@@ -112,6 +112,14 @@ async def test_raw_reconnect_and_concurrent_initialize(stack: Stack) -> None:
         await first.initialize()
         await first.tool("memory_stats", {})
         logical = json.loads((await first.rpc("resources/read", {"uri": "memory://active-session"}))["result"]["contents"][0]["text"])
+        # a client that spoke just now is live (no GET stream needed): a second client of the
+        # key that initializes meanwhile gets a session of its own, and the first keeps its own
+        concurrent = RawMcp(http, stack.mcp_url, raw)
+        await concurrent.initialize()
+        mine = json.loads((await concurrent.rpc("resources/read", {"uri": "memory://active-session"}))["result"]["contents"][0]["text"])
+        assert mine["sessionId"] != logical["sessionId"]
+        assert (await first.request("ping")).status_code == 200
+        assert (await concurrent.delete()).status_code == 200
         # the first client's GET stream opens and closes: it has gone away
         async with http.stream("GET", stack.mcp_url, headers={**first._headers(), "Accept": "text/event-stream"}) as stream:  # noqa: SLF001
             assert stream.status_code == 200
