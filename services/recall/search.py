@@ -215,7 +215,8 @@ async def layered_search(
         for fid, r in rows.items()
     }, avgdl)
     hits = score(pool, stats.idf)
-    extra = await _feedback(conn, principal, corpus, scope, df_cache, hits, stats, scope_total)
+    # Feedback widens a question; a keyword lookup asks for exactly its words.
+    extra = await _feedback(conn, principal, corpus, scope, df_cache, hits, stats, scope_total) if req.text else {}
     if extra:
         for fid, counts in (await retrieval.term_counts(conn, pooled_ids, list(extra))).items():
             if fid in pool.rows:

@@ -319,10 +319,10 @@ async def turn_neighbours(
         SELECT c.id,
             array(SELECT n.id FROM (SELECT * FROM fragments x WHERE x.session_id = c.session_id AND x.seq < c.seq
                                     ORDER BY x.seq DESC LIMIT {scan}) n
-                  WHERE {where} ORDER BY n.seq DESC LIMIT {w}) AS before,
+                  WHERE n.topic = c.topic AND {where} ORDER BY n.seq DESC LIMIT {w}) AS before,
             array(SELECT n.id FROM (SELECT * FROM fragments x WHERE x.session_id = c.session_id AND x.seq > c.seq
                                     ORDER BY x.seq ASC LIMIT {scan}) n
-                  WHERE {where} ORDER BY n.seq ASC LIMIT {w}) AS after
+                  WHERE n.topic = c.topic AND {where} ORDER BY n.seq ASC LIMIT {w}) AS after
         FROM fragments c WHERE c.id = ANY({id_list}::text[]) AND c.session_id IS NOT NULL
     """
     rows = await conn.fetch(sql, *params.values)
