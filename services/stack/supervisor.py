@@ -19,6 +19,9 @@ from services.stack.postgres import EmbeddedPostgres
 from services.stack.redis_server import LocalRedis
 
 logger = logging.getLogger("engram.stack")
+# The ONNX export of the embedding model, shared by every stack this checkout starts (make
+# run, each test and bench stack): exporting it costs ~20 s of torch per stack otherwise.
+MODEL_CACHE = Path(__file__).resolve().parents[2] / ".data" / "models"
 
 
 def free_port() -> int:
@@ -149,7 +152,7 @@ class Stack:
                 "REDIS_URL": self.redis_url,
                 "REDIS_ENABLED": "true" if self.config.redis_enabled else "false",
                 "ENGRAM_SERVICE_TOKEN": self.service_token,
-                "EMBEDDING_CACHE_DIR": str(self.data_dir / "models"),
+                "EMBEDDING_CACHE_DIR": str(self.model_cache),
                 # Workers call the internal services too (reflect, batch inserts).
                 "RECALL_URL": ",".join(self.recall_urls),
                 "INGEST_URL": self.ingest_url,
@@ -168,6 +171,11 @@ class Stack:
             "--host", "127.0.0.1", "--port", str(port), "--no-access-log", "--log-level", "warning",
         ]
         return ServiceProcess(name, argv, env, self.log_dir / f"{name}.log", f"http://127.0.0.1:{port}/health")
+
+    @property
+    def model_cache(self) -> Path:
+        """Where the services find (or make, once) the ONNX export of the embedding model."""
+        return Path(os.environ.get("EMBEDDING_CACHE_DIR") or MODEL_CACHE)
 
     @property
     def recall_urls(self) -> list[str]:

@@ -21,7 +21,7 @@ TOKEN = "in-process-token"
 @pytest.fixture(scope="module")
 async def ingest_without_redis(stack: Stack) -> AsyncIterator[httpx.AsyncClient]:
     # The model the stack already exported; nothing is exported twice.
-    os.environ["EMBEDDING_CACHE_DIR"] = str(stack.data_dir / "models")
+    os.environ["EMBEDDING_CACHE_DIR"] = str(stack.model_cache)
     embedding_settings.cache_clear()
     settings = IngestSettings(DATABASE_URL=stack.database_url, REDIS_ENABLED=False, ENGRAM_SERVICE_TOKEN=TOKEN, ENGRAM_ENV="test")
     app = create_app(settings)

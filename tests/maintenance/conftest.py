@@ -103,7 +103,7 @@ def mstack(stack: Stack, stack_dir: Path, fake_llm: FakeLLM) -> Iterator[Stack]:
     # Outside the session's temp dir, so worker.log / beat.log outlive a failed run.
     config.log_dir = Path(tempfile.gettempdir()) / "engram-maintenance-logs" / name
     config.extra_env.update({
-        "EMBEDDING_CACHE_DIR": str(stack.data_dir / "models"),
+        "EMBEDDING_CACHE_DIR": str(stack.model_cache),
         "WORKER_METRICS_PORT": str(free_port()),
         "REFLECT_SWEEP_INTERVAL": "PT3S",
         "LLM_BASE_URL": fake_llm.url,
@@ -140,7 +140,7 @@ async def db(mstack: Stack) -> Any:
 def embedder(stack: Stack) -> Any:
     import os
 
-    os.environ.setdefault("EMBEDDING_CACHE_DIR", str(stack.data_dir / "models"))
+    os.environ.setdefault("EMBEDDING_CACHE_DIR", str(stack.model_cache))
     from shared.embeddings import load_embedder
 
     return load_embedder()
