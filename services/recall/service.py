@@ -8,6 +8,7 @@ import hashlib
 import json
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -41,6 +42,8 @@ logger = logging.getLogger(__name__)
 # How long a scope's fragment count (BM25's N, the noisy-scope rule) is reused.
 SCOPE_TOTAL_TTL_S = 30.0
 SEEN_KEY = "engram:context:seen:{session}"
+# Query embeddings kept per process (384 floats each: 1.5 MB).
+QUERY_VECTORS = 1024
 # Spreading activation: fragments nearest the conversation context join the pool and get
 # this much activation.
 SPREAD_TOP = 10
@@ -63,8 +66,20 @@ class ReadResources:
     _totals: dict[str, tuple[float, int]] = field(default_factory=dict)
     df_cache: DocumentFrequencies = field(default_factory=DocumentFrequencies)
 
+    _vectors: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict)
+
     async def embed_query(self, text: str) -> np.ndarray:
-        return (await anyio.to_thread.run_sync(self.embedder.embed, [text]))[0]
+        """The query's embedding; the most recent QUERY_VECTORS are kept (an agent repeats its
+        questions, and writes invalidate L1 but never a text's vector)."""
+        vector = self._vectors.get(text)
+        if vector is not None:
+            self._vectors.move_to_end(text)
+            return vector
+        vector = (await anyio.to_thread.run_sync(self.embedder.embed, [text]))[0]
+        self._vectors[text] = vector
+        if len(self._vectors) > QUERY_VECTORS:
+            self._vectors.popitem(last=False)
+        return vector
 
     async def scope_total(self, conn: asyncpg.Connection, ctx: ToolContext, flt: FragmentFilter, latest: int) -> int:
         """Fragments in the caller's filtered scope; reused while nothing new was stored in it
