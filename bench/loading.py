@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -13,6 +15,71 @@ from bench.harness import Target, call, mcp_session
 
 # seed: batch_remember takes at most 200 fragments per call.
 BATCH = 200
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _proc_table() -> tuple[dict[int, int], dict[int, float], dict[int, str]]:
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    cmdline: dict[int, str] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline[pid] = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        parent[pid] = int(fields[1])
+        cpu[pid] = (int(fields[11]) + int(fields[12])) / _TICKS
+    return parent, cpu, cmdline
+
+
+def _database_port(pids: list[int]) -> str | None:
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+        except OSError:
+            continue
+        url = env.get(b"DATABASE_URL", b"").decode()
+        match = re.search(r":(\d+)/", url)
+        if match:
+            return match.group(1)
+    return None
+
+
+def descendants_cpu_seconds() -> float | None:
+    """CPU seconds (user + system) used so far by a private stack: every live process below
+    this one (services, worker) plus its Postgres (pg_ctl detaches the postmaster; found by
+    the port in the services' DATABASE_URL) and the postmaster's backends. On a machine
+    shared with other work, wall-clock rates swing with its load; the CPU a run costs does
+    not. None where /proc is missing or nothing runs below us (a stack given with --url)."""
+    try:
+        parent, cpu, cmdline = _proc_table()
+    except OSError:
+        return None
+
+    def below(root: int) -> list[int]:
+        out = []
+        for pid in cpu:
+            ancestor = parent.get(pid)
+            while ancestor and ancestor != root:
+                ancestor = parent.get(ancestor)
+            if ancestor == root:
+                out.append(pid)
+        return out
+
+    mine = below(os.getpid())
+    if not mine:
+        return None
+    port = _database_port(mine)
+    postgres = [pid for pid, cmd in cmdline.items() if port and "postgres" in cmd and f" -p {port} " in f"{cmd} "]
+    counted = set(mine) | set(postgres) | {pid for root in postgres for pid in below(root)}
+    return sum(cpu[pid] for pid in counted)
 
 
 def run_namespace(label: str) -> str:
@@ -32,6 +99,8 @@ class LoadResult:
     batch_ms: list[float] = field(default_factory=list)
     failed: int = 0
     duplicates: int = 0
+    # CPU seconds the stack spent meanwhile (descendants_cpu_seconds), None when unknown.
+    stack_cpu: float | None = None
 
     @property
     def stored(self) -> int:
@@ -40,6 +109,10 @@ class LoadResult:
     @property
     def rate(self) -> float:
         return len(self.ids) / self.seconds if self.seconds else float("nan")
+
+    @property
+    def per_cpu_second(self) -> float | None:
+        return len(self.ids) / self.stack_cpu if self.stack_cpu else None
 
 
 async def load(target: Target, memories: list[Memory], namespace: str, clients: int, batch: int = BATCH) -> LoadResult:
@@ -63,7 +136,11 @@ async def load(target: Target, memories: list[Memory], namespace: str, clients: 
                     else:
                         result.failed += 1
 
+    cpu_before = descendants_cpu_seconds()
     began = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(clients)))
     result.seconds = time.perf_counter() - began
+    cpu_after = descendants_cpu_seconds()
+    if cpu_before is not None and cpu_after is not None:
+        result.stack_cpu = cpu_after - cpu_before
     return result

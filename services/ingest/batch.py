@@ -139,9 +139,9 @@ async def store_batch(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, ar
     results: list[dict[str, Any] | None] = [None] * len(args.fragments)
     planned = plan_items(res, ctx, args, results)
     principal = ctx.principal
-    if planned:
+    keys = [key for _, _, key in planned if key]
+    if keys:
         # Retries of earlier calls answer from the idempotency records without embedding.
-        keys = [key for _, _, key in planned if key]
         async with res.pool.acquire() as conn:
             known = await idempotency_repo.lookup(conn, principal.key_id, keys)
         for i, _, key in planned:

@@ -103,6 +103,8 @@ def _fragment_of(item: Any, owner: str | None, res: WriteResources) -> frag.NewF
         f.id = fragment_id
     if item.get("ttl_tier") in _TTL_TIERS:
         f.ttl_tier = item["ttl_tier"]
+    if "case_id" in item:  # as exported, even null: remember's default (the session) is not history
+        f.case_id = parsed.caseId
     if item.get("workspace_source") in _WORKSPACE_SOURCES and f.workspace is not None:
         f.workspace_source = item["workspace_source"]
     f.valid_from = _timestamp(item, "valid_from")
@@ -189,4 +191,6 @@ async def _without_duplicates(conn: Any, fresh: Planned, results: list[Any]) -> 
             if dup:
                 results[i] = {"index": i, "success": True, "id": dup, "duplicate": True}
                 duplicates.add(i)
+            else:  # the same content twice in one import: the first one stands
+                found[(f.content_hash, f.workspace)] = f.id
     return [(i, f, key) for i, f, key in fresh if i not in duplicates]

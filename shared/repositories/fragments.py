@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
 import asyncpg
 import numpy as np
+from pgvector import Vector
 
 from shared.domain.fragment import NewFragment
 from shared.domain.keywords import korean_morphemes
@@ -24,32 +26,54 @@ FRAGMENT_COLUMNS = """
     f.context_summary, f.created_at, f.updated_at, f.seq
 """
 
+# One statement per batch: rows arrive as parallel arrays (unnest), so the per-statement
+# work (the fragment_terms trigger, planning, a round trip) is paid once per batch, not per
+# row. Keywords travel as one JSON array per row (a text[][] cannot be ragged).
 _INSERT = """
 INSERT INTO fragments (
     id, content, topic, type, keywords, importance, source, scope, is_anchor, ttl_tier,
     key_id, workspace, workspace_source, agent_id, session_id, case_id, goal, outcome, phase,
     resolution_status, assertion_status, affect, context_summary, content_hash, embedding,
     valid_from, search_tsv, valid_to, created_at
-) VALUES (
-    $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19,
-    $20, $21, $22, $23, $24, $25, coalesce($26, now()),
-    setweight(to_tsvector('english', $2), 'B')
-    || setweight(to_tsvector('simple', $3 || ' ' || array_to_string($5::text[], ' ')), 'A')
-    || setweight(to_tsvector('simple', $27), 'B'),
-    $28, coalesce($29, now())
 )
+SELECT
+    r.id, r.content, r.topic, r.type, k.keywords, r.importance, r.source, r.scope, r.is_anchor, r.ttl_tier,
+    r.key_id, r.workspace, r.workspace_source, r.agent_id, r.session_id, r.case_id, r.goal, r.outcome, r.phase,
+    r.resolution_status, r.assertion_status, r.affect, r.context_summary, r.content_hash, r.embedding,
+    coalesce(r.valid_from, now()),
+    setweight(to_tsvector('english', r.content), 'B')
+    || setweight(to_tsvector('simple', r.topic || ' ' || array_to_string(k.keywords, ' ')), 'A')
+    || setweight(to_tsvector('simple', r.morphemes), 'B'),
+    r.valid_to, coalesce(r.created_at, now())
+FROM unnest(
+    $1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::real[], $7::text[], $8::text[], $9::boolean[],
+    $10::text[], $11::text[], $12::text[], $13::text[], $14::text[], $15::text[], $16::text[], $17::text[],
+    $18::text[], $19::text[], $20::text[], $21::text[], $22::text[], $23::text[], $24::text[], $25::vector[],
+    $26::timestamptz[], $27::text[], $28::timestamptz[], $29::timestamptz[]
+) AS r(
+    id, content, topic, type, keywords_json, importance, source, scope, is_anchor, ttl_tier,
+    key_id, workspace, workspace_source, agent_id, session_id, case_id, goal, outcome, phase,
+    resolution_status, assertion_status, affect, context_summary, content_hash, embedding,
+    valid_from, morphemes, valid_to, created_at
+)
+CROSS JOIN LATERAL (SELECT ARRAY(SELECT jsonb_array_elements_text(r.keywords_json::jsonb)) AS keywords) k
 """
 
 
-def _insert_args(f: NewFragment) -> tuple[Any, ...]:
-    return (
-        f.id, f.content, f.topic, f.type, f.keywords, f.importance, f.source, f.scope, f.is_anchor,
-        f.ttl_tier, f.key_id, f.workspace, f.workspace_source, f.agent_id, f.session_id, f.case_id,
-        f.goal, f.outcome, f.phase, f.resolution_status, f.assertion_status, f.affect,
-        f.context_summary, f.content_hash, f.embedding, f.valid_from, content_morphemes(f.content),
-        # Set only by an admin import, which restores a fragment's history as exported.
-        f.extra.get("valid_to"), f.extra.get("created_at"),
-    )
+def _insert_columns(fragments: list[NewFragment]) -> list[list[Any]]:
+    rows = [
+        (
+            f.id, f.content, f.topic, f.type, json.dumps(f.keywords, ensure_ascii=False), f.importance, f.source,
+            f.scope, f.is_anchor, f.ttl_tier, f.key_id, f.workspace, f.workspace_source, f.agent_id, f.session_id,
+            f.case_id, f.goal, f.outcome, f.phase, f.resolution_status, f.assertion_status, f.affect,
+            f.context_summary, f.content_hash, None if f.embedding is None else Vector(f.embedding), f.valid_from,
+            content_morphemes(f.content),
+            # Set only by an admin import, which restores a fragment's history as exported.
+            f.extra.get("valid_to"), f.extra.get("created_at"),
+        )
+        for f in fragments
+    ]
+    return [list(column) for column in zip(*rows, strict=True)]
 
 
 def content_morphemes(content: str) -> str:
@@ -79,7 +103,7 @@ async def refresh_search_tsv(conn: asyncpg.Connection, fragment_id: str) -> None
 
 async def insert_many(conn: asyncpg.Connection, fragments: list[NewFragment]) -> None:
     if fragments:
-        await conn.executemany(_INSERT, [_insert_args(f) for f in fragments])
+        await conn.execute(_INSERT, *_insert_columns(fragments))
 
 
 def filter_clauses(principal: Principal, flt: FragmentFilter, params: SqlParams, alias: str = "f") -> list[str]:

@@ -118,9 +118,12 @@ async def test_import_validates_and_refuses_secrets_per_item(stack, mcp_url: str
     assert stored == ["The importer keeps the nightly report schedule at 02:00 UTC."]
     assert leaked == 0
 
-    # Items without ids are de-duplicated by content on a second import.
+    # Items without ids are de-duplicated by content: on a second import, and within one.
     repeat = (await import_(stack, stack.master_key, items[:1])).json()
     assert repeat["results"] == [{"index": 0, "success": True, "id": results[0]["id"], "duplicate": True}]
+    twice = {"content": f"The same note {unique()} sent twice in one import.", "topic": "reports", "type": "fact", "workspace": ws}
+    doubled = (await import_(stack, stack.master_key, [twice, twice])).json()["results"]
+    assert doubled[1] == {"index": 1, "success": True, "id": doubled[0]["id"], "duplicate": True}
 
     bad = [await import_(stack, stack.master_key, body) for body in ({"fragments": []}, {"x": 1}, 42)]
     assert [r.status_code for r in bad] == [400, 400, 400]
