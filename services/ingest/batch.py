@@ -152,10 +152,13 @@ async def store_batch(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, ar
         vectors = await res.embed([embedding_text(f) for _, f, _ in planned])
         for (_, f, _), vector in zip(planned, vectors, strict=True):
             f.embedding = vector
-        async with res.pool.acquire() as conn, conn.transaction():
-            inserted = await _store(conn, principal, planned, results)
+        async with res.pool.acquire() as conn:
+            async with conn.transaction():
+                inserted = await _store(conn, principal, planned, results)
+                if inserted:
+                    jobs.add("maintenance.link_new_fragments", fragment_ids=inserted)
             if inserted:
-                jobs.add("maintenance.link_new_fragments", fragment_ids=inserted)
+                await fragments_repo.refresh_statistics_if_young(conn, len(inserted))
         _with_redactions(results, planned)
 
     final = [r for r in results if r is not None]

@@ -71,7 +71,7 @@ class EmbeddedPostgres:
         # TCP only: the wheel's default is a Unix socket, which other hosts' clients can't use.
         # Recall at 100k keeps fragments, their HNSW index and the lexical postings (~1.2 GB) hot:
         # with 256 MB every query read pages back from the OS cache. Reserved lazily.
-        options = f"-h 127.0.0.1 -p {self.port} -c unix_socket_directories='' -c max_connections=200 -c shared_buffers=2GB -c effective_cache_size=8GB -c maintenance_work_mem=512MB -c jit=off"
+        options = f"-h 127.0.0.1 -p {self.port} -c unix_socket_directories='' -c max_connections=200 -c shared_buffers=2GB -c effective_cache_size=8GB -c maintenance_work_mem=512MB -c jit=off -c autovacuum_naptime=5s"
         self._run(
             [self._bin("pg_ctl"), "-D", str(self.data_dir), "-l", str(self.log_path), "-o", options, "-w", "-t", "60", "start"]
         )

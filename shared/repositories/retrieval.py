@@ -25,8 +25,8 @@ DF_CAP = 5000
 # Rows the candidate-generating terms may match in total: the rarest terms are taken until
 # their document frequencies add up to this (at least one). Common words still score, but do
 # not drag tens of thousands of rows of a 100k store through ranking for little IDF; a
-# 400-turn conversation never reaches the budget (LoCoMo dev unchanged).
-MATCH_BUDGET = 6000
+# 400-turn conversation rarely reaches it.
+MATCH_BUDGET = 2000
 # Candidates scored from the postings alone before the best of them are joined back to
 # fragments for the filters the postings don't carry; more when such filters are set (they
 # may reject many).
@@ -36,7 +36,7 @@ PRE_RANK_FILTERED = 2000
 
 # A filtered scope of at most this many rows is ranked exactly rather than through HNSW.
 EXACT_SCOPE = 3000
-# Neighbouring turns are looked for among this many turns each side of a hit.
+# Neighbouring turns are looked for among this many turns of the session each side of a hit.
 NEIGHBOUR_SCAN = 8
 
 
@@ -112,12 +112,12 @@ async def bm25_candidates(
 
     Postings of the candidate-generating terms are scored without touching fragments; only
     the best PRE_RANK (more when filters the postings don't carry are set) are joined back
-    for validity, working-memory scope and the recall filters. score_ids rescores the pool
+    for validity, working-memory scope and the recall filters. The fusion rescores the pool
     with every query term."""
     if not stats.idf:
         return [], 1.0
     # Candidates come from the rarest terms until their posting lists add up to MATCH_BUDGET
-    # rows (at least one term); the other terms still count in score_ids.
+    # rows (at least one term); the other terms still count in the fusion.
     matching: list[str] = []
     budget = 0
     for term in sorted(stats.idf, key=lambda t: dfs[t]):
@@ -306,8 +306,9 @@ async def turn_neighbours(
     conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, ids: list[str], width: int = 2
 ) -> dict[str, tuple[list[str], list[str]]]:
     """The `width` fragments stored just before and just after each one in the same session
-    (seq order, nearest first) that pass the filters, looked for among the NEIGHBOUR_SCAN
-    nearest turns each side: a selective filter in a long session must not walk all of it."""
+    and topic (one thread of conversation; seq order, nearest first) that pass the filters,
+    looked for among the NEIGHBOUR_SCAN nearest turns of the session each side: a selective
+    filter in a long session must not walk all of it."""
     if not ids:
         return {}
     params = SqlParams()
