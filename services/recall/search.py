@@ -74,7 +74,7 @@ class SearchOutcome:
 async def _semantic_on(
     conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, req: SearchRequest
 ) -> tuple[np.ndarray | None, list[tuple[str, float]]]:
-    """L3: the query embedding, then the filtered HNSW scan (threshold bounds similarity)."""
+    """L3: the query embedding, then its nearest fragments in scope (threshold bounds similarity)."""
     vector = await req.vector if req.vector is not None else None
     if vector is None:
         return None, []
