@@ -52,6 +52,20 @@ class DocumentFrequencies:
         for term, df in dfs.items():
             self._entries[(scope, term)] = (now, df)
 
+    async def lookup(
+        self, conn: asyncpg.Connection, principal: Principal, corpus: FragmentFilter, terms: list[str]
+    ) -> dict[str, int]:
+        """Document frequencies of `terms` in the caller's corpus: cached ones, the rest counted."""
+        scope = json.dumps([principal.key_id, principal.visible_key_ids, corpus.workspace], default=str)
+        now = time.monotonic()
+        dfs = self.get_many(scope, terms, now)
+        missing = [t for t in terms if t not in dfs]
+        if missing:
+            fresh = await retrieval.document_frequencies(conn, principal, corpus, missing)
+            self.put(scope, fresh, now)
+            dfs.update(fresh)
+        return dfs
+
 
 @dataclass
 class SearchRequest:
@@ -95,7 +109,7 @@ async def _semantic(
 
 
 async def _feedback(
-    conn: asyncpg.Connection, principal: Principal, corpus: FragmentFilter, scope: str, df_cache: DocumentFrequencies,
+    conn: asyncpg.Connection, principal: Principal, corpus: FragmentFilter, df_cache: DocumentFrequencies,
     ranked: list[RankedHit], stats: retrieval.TermStats, scope_total: int,
 ) -> dict[str, float]:
     """RM3 expansion terms from the first ranking's top hits (their weights in the query)."""
@@ -105,14 +119,7 @@ async def _feedback(
     weights = feedback_weights(ranked, await retrieval.content_terms(conn, top), stats.idf, await retrieval.stop_lexemes(conn))
     if not weights:
         return {}
-    now = time.monotonic()
-    dfs = df_cache.get_many(scope, list(weights), now)
-    missing = [t for t in weights if t not in dfs]
-    if missing:
-        fresh = await retrieval.document_frequencies(conn, principal, corpus, missing)
-        df_cache.put(scope, fresh, now)
-        dfs.update(fresh)
-    return expansion(weights, dfs, scope_total)
+    return expansion(weights, await df_cache.lookup(conn, principal, corpus, list(weights)), scope_total)
 
 
 def _lexical_extras(text: str | None, keywords: list[str]) -> list[str]:
@@ -143,15 +150,8 @@ async def layered_search(
         # query's type / importance / time filters: counted there, it is shared by every query
         # of the scope and stays cached.
         corpus = FragmentFilter(workspace=flt.workspace, caller_session=flt.caller_session)
-        scope = json.dumps([principal.key_id, principal.visible_key_ids, flt.workspace], default=str)
-        now = time.monotonic()
         terms = await retrieval.query_terms(conn, lexical_text, extras)
-        dfs = df_cache.get_many(scope, terms, now)
-        missing = [t for t in terms if t not in dfs]
-        if missing:
-            fresh = await retrieval.document_frequencies(conn, principal, corpus, missing)
-            df_cache.put(scope, fresh, now)
-            dfs.update(fresh)
+        dfs = await df_cache.lookup(conn, principal, corpus, terms)
         stats = retrieval.term_stats(dfs, scope_total)
         lexical, avgdl = await retrieval.bm25_candidates(conn, principal, flt, stats, dfs, LAYER_DEPTH)
         path.append(f"L2:{len(lexical)}")
@@ -216,7 +216,7 @@ async def layered_search(
     }, avgdl)
     hits = score(pool, stats.idf)
     # Feedback widens a question; a keyword lookup asks for exactly its words.
-    extra = await _feedback(conn, principal, corpus, scope, df_cache, hits, stats, scope_total) if req.text else {}
+    extra = await _feedback(conn, principal, corpus, df_cache, hits, stats, scope_total) if req.text else {}
     if extra:
         for fid, counts in (await retrieval.term_counts(conn, pooled_ids, list(extra))).items():
             if fid in pool.rows:
