@@ -60,14 +60,12 @@ def private_stack_config(data_dir: Path) -> StackConfig:
 def private_stack(keep: bool = False) -> Iterator[Target]:
     # Under /tmp: embedded Postgres makes its data dir's parents world-readable.
     data_dir = Path(tempfile.mkdtemp(prefix="engram-bench-", dir="/tmp"))
-    stack = Stack(private_stack_config(data_dir / "stack"))
     started = time.perf_counter()
     try:
-        stack.start()
-        print(f"private stack up in {time.perf_counter() - started:.1f} s at {stack.mcp_url} (data {data_dir})", flush=True)
-        yield Target(stack.mcp_url, stack.master_key)
+        with Stack(private_stack_config(data_dir / "stack")) as stack:
+            print(f"private stack up in {time.perf_counter() - started:.1f} s at {stack.mcp_url} (data {data_dir})", flush=True)
+            yield Target(stack.mcp_url, stack.master_key)
     finally:
-        stack.stop()
         if keep:
             print(f"kept {data_dir}")
         else:

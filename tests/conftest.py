@@ -24,12 +24,8 @@ def stack_dir() -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def stack(stack_dir: Path) -> Iterator[Stack]:
     config = new_stack_config(stack_dir / "main", master_key="test-master-key")
-    running = Stack(config)
-    try:
-        running.start()
+    with Stack(config) as running:
         yield running
-    finally:
-        running.stop()
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,17 @@ def new_stack_config(data_dir: Path, **overrides: Any) -> StackConfig:
     for key, value in overrides.items():
         setattr(config, key, value)
     return config
+
+
+@asynccontextmanager
+async def running(config: StackConfig) -> AsyncIterator[Stack]:
+    """A stack of its own for an async test or fixture: started and stopped off the event loop."""
+    stack = Stack(config)
+    await asyncio.to_thread(stack.__enter__)
+    try:
+        yield stack
+    finally:
+        await asyncio.to_thread(stack.stop)
 
 
 def unique(prefix: str = "ws") -> str:
@@ -54,3 +68,16 @@ async def create_api_key(database_url: str, name: str | None = None, **fields: A
         return raw, row["id"]
     finally:
         await conn.close()
+
+
+async def facts_beside_another_tenant(mcp_url: str, database_url: str, ws: str, texts: list[str]) -> tuple[str, list[str], str]:
+    """A new key stores `texts` as facts in `ws`; a second key stores a copy of the first
+    there too (what isolation must keep out). Returns (key id, its fragment ids, the copy's id)."""
+    key, key_id = await create_api_key(database_url)
+    other, _ = await create_api_key(database_url)
+    async with mcp_session(mcp_url, key) as s:
+        reply = await call(s, "batch_remember", {"workspace": ws, "fragments": [
+            {"content": t, "topic": "ops", "type": "fact"} for t in texts]})
+    async with mcp_session(mcp_url, other) as s:
+        copy = await call(s, "remember", {"content": texts[0], "topic": "ops", "type": "fact", "workspace": ws})
+    return key_id, [r["id"] for r in reply["results"]], copy["id"]

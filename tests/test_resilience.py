@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from shared.db import SEARCH_PATH
-from tests.support import Stack, call, mcp_session, new_stack_config, unique
+from tests.support import Stack, call, mcp_session, new_stack_config, running, unique
 from services.stack.supervisor import free_port
 
 
@@ -32,9 +32,7 @@ def _wait_for(predicate, timeout: float = 30.0, interval: float = 0.25):  # type
 
 
 def test_postgres_down_makes_gateway_unhealthy(stack_dir: Path) -> None:
-    own = Stack(new_stack_config(stack_dir / "pgdown", worker=False, beat=False, redis_url=None))
-    try:
-        own.start()
+    with Stack(new_stack_config(stack_dir / "pgdown", worker=False, beat=False, redis_url=None)) as own:
         assert httpx.get(f"{own.gateway_url}/health").status_code == 200
         assert own.postgres is not None
         own.postgres.stop()
@@ -42,15 +40,11 @@ def test_postgres_down_makes_gateway_unhealthy(stack_dir: Path) -> None:
         assert response, "gateway kept answering 200 with Postgres stopped"
         body = response.json()
         assert body["status"] == "degraded" and body["checks"]["database"]["status"] == "down"
-    finally:
-        own.stop()
 
 
 async def test_redis_unreachable_still_serves(stack: Stack, stack_dir: Path) -> None:
     dead_redis = f"redis://127.0.0.1:{free_port()}/0"
-    own = Stack(new_stack_config(stack_dir / "redisdown", database_url=stack.database_url, redis_url=dead_redis, worker=False, beat=False))
-    try:
-        await asyncio.to_thread(own.start)
+    async with running(new_stack_config(stack_dir / "redisdown", database_url=stack.database_url, redis_url=dead_redis, worker=False, beat=False)) as own:
         async with httpx.AsyncClient() as http:
             health = await http.get(f"{own.gateway_url}/health")
         assert health.status_code == 200
@@ -69,14 +63,10 @@ async def test_redis_unreachable_still_serves(stack: Stack, stack_dir: Path) -> 
             assert await conn.fetchval("SELECT auto_linked_at IS NOT NULL FROM fragments WHERE id = $1", second["id"])
         finally:
             await conn.close()
-    finally:
-        await asyncio.to_thread(own.stop)
 
 
 async def test_redis_disabled_is_reported_disabled(stack: Stack, stack_dir: Path) -> None:
-    own = Stack(new_stack_config(stack_dir / "redisoff", database_url=stack.database_url, redis_enabled=False))
-    try:
-        await asyncio.to_thread(own.start)
+    async with running(new_stack_config(stack_dir / "redisoff", database_url=stack.database_url, redis_enabled=False)) as own:
         assert "worker" not in own.processes  # Celery needs a broker; the core does not
         async with httpx.AsyncClient() as http:
             health = await http.get(f"{own.gateway_url}/health")
@@ -86,8 +76,6 @@ async def test_redis_disabled_is_reported_disabled(stack: Stack, stack_dir: Path
             stored = await call(s, "remember", {"content": "Feature flags are managed in LaunchDarkly per environment.", "topic": "flags", "type": "fact", "workspace": ws})
             found = await call(s, "recall", {"keywords": ["launchdarkly"], "workspace": ws})
         assert found["fragments"][0]["id"] == stored["id"]
-    finally:
-        await asyncio.to_thread(own.stop)
 
 
 def _alive(pid: int) -> bool:

@@ -262,6 +262,19 @@ class Stack:
         self.start_infrastructure()
         self.start_services()
 
+    def __enter__(self) -> Stack:
+        """`with Stack(config) as stack:` starts it and stops everything it started, also when
+        starting fails half-way."""
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         for proc in reversed(list(self.processes.values())):
             proc.stop()

@@ -46,12 +46,8 @@ def _items(n: int, marker: str) -> list[dict]:
 def flagged(stack: Stack, stack_dir: Path) -> Iterator[Stack]:
     config = new_stack_config(stack_dir / "ingest-flags", database_url=stack.database_url)
     config.extra_env = {**config.extra_env, **FLAGS}
-    own = Stack(config)
-    try:
-        own.start()
+    with Stack(config) as own:
         yield own
-    finally:
-        own.stop()
 
 
 async def test_policy_rules_become_validation_warnings(flagged: Stack) -> None:

@@ -111,12 +111,8 @@ def mstack(stack: Stack, stack_dir: Path, fake_llm: FakeLLM) -> Iterator[Stack]:
         "LLM_MODEL": "fake-model",
         "GEMINI_TIMEOUT_MS": "5000",
     })
-    own = Stack(config)
-    try:
-        own.start()
+    with Stack(config) as own:
         yield own
-    finally:
-        own.stop()
 
 
 @pytest.fixture(scope="package")

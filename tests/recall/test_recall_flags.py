@@ -3,7 +3,6 @@ MEMENTO_SYMBOLIC_EXPLAIN=true and ENABLE_SPREADING_ACTIVATION=true."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import httpx
 import pytest
 
 from services.stack.supervisor import free_port
-from tests.support import Stack, call, mcp_session, new_stack_config, unique
+from tests.support import Stack, call, mcp_session, new_stack_config, running, unique
 
 REASON_CODES = {"direct_keyword_match", "semantic_similarity", "graph_neighbor_1hop", "temporal_proximity",
                 "case_cohort_member", "recent_activity_ema"}
@@ -24,12 +23,8 @@ async def flagged(stack: Stack, stack_dir: Path) -> AsyncIterator[Stack]:
         recall_ports=[free_port(), free_port()], worker=False, beat=False, master_key=stack.master_key,
     )
     config.extra_env.update({"MEMENTO_SYMBOLIC_EXPLAIN": "true", "ENABLE_SPREADING_ACTIVATION": "true"})
-    own = Stack(config)
-    await asyncio.to_thread(own.start)
-    try:
+    async with running(config) as own:
         yield own
-    finally:
-        await asyncio.to_thread(own.stop)
 
 
 async def _recall_requests(url: str) -> float:
