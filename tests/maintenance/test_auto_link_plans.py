@@ -12,7 +12,7 @@ from pgvector.asyncpg import register_vector
 
 from shared.db import SEARCH_PATH
 from shared.repositories import links as links_repo
-from tests.support import Stack, call, create_api_key, mcp_session, unique
+from tests.support import Stack, facts_beside_another_tenant, unique
 
 TEXTS = [
     "The nightly backup of the orders database runs at 02:00 UTC.",
@@ -37,13 +37,7 @@ async def _reset(conn: asyncpg.Connection, ids: list[str]) -> None:
 
 async def test_exact_and_graph_plans_link_alike_within_the_scope(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
     ws = unique()
-    key, _ = await create_api_key(stack.database_url)
-    other, _ = await create_api_key(stack.database_url)
-    async with mcp_session(stack.mcp_url, key) as s:
-        ids = [r["id"] for r in (await call(s, "batch_remember", {"workspace": ws, "fragments": [
-            {"content": t, "topic": "ops", "type": "fact"} for t in TEXTS]}))["results"]]
-    async with mcp_session(stack.mcp_url, other) as s:
-        await call(s, "remember", {"content": TEXTS[0], "topic": "ops", "type": "fact", "workspace": ws})
+    _, ids, _ = await facts_beside_another_tenant(stack.mcp_url, stack.database_url, ws, TEXTS)
 
     conn = await asyncpg.connect(stack.database_url, server_settings={"search_path": SEARCH_PATH})
     await register_vector(conn)

@@ -13,7 +13,7 @@ from shared.domain.principal import Principal
 from shared.domain.search import FragmentFilter
 from shared.embeddings import load_embedder
 from shared.repositories import retrieval
-from tests.support import Stack, call, create_api_key, mcp_session, unique
+from tests.support import Stack, facts_beside_another_tenant, unique
 
 TEXTS = [
     "The nightly backup of the orders database runs at 02:00 UTC.",
@@ -37,13 +37,7 @@ async def test_exact_and_graph_plans_agree_and_stay_in_scope(
     stack: Stack, conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ws = unique()
-    key, key_id = await create_api_key(stack.database_url)
-    other, _ = await create_api_key(stack.database_url)
-    async with mcp_session(stack.mcp_url, key) as s:
-        mine = [r["id"] for r in (await call(s, "batch_remember", {"workspace": ws, "fragments": [
-            {"content": t, "topic": "ops", "type": "fact"} for t in TEXTS]}))["results"]]
-    async with mcp_session(stack.mcp_url, other) as s:
-        theirs = (await call(s, "remember", {"content": TEXTS[0], "topic": "ops", "type": "fact", "workspace": ws}))["id"]
+    key_id, mine, theirs = await facts_beside_another_tenant(stack.mcp_url, stack.database_url, ws, TEXTS)
 
     principal = Principal(key_id=key_id, visible_key_ids=(key_id,))
     query = load_embedder().embed(["when is the database backed up?"])[0]
