@@ -222,31 +222,31 @@ class PooledFragment:
 async def pool_rows(
     conn: asyncpg.Connection, principal: Principal, ids: list[str], terms: list[str], embedding: np.ndarray | None
 ) -> dict[str, PooledFragment]:
-    """What ranking needs of each pooled fragment: the query terms' counts (from the
-    postings, one primary-key probe per fragment), length, cosine to the query, priors."""
+    """What ranking needs of each pooled fragment: length, cosine to the query, priors, and
+    the query terms' counts (from the postings)."""
     if not ids:
         return {}
     params = SqlParams()
     scope = read_scope(principal, params)
     id_list = params.add(ids)
-    term_list = params.add(terms)
     cosine = "NULL::float8"
     if embedding is not None:
         cosine = f"1 - (f.embedding <=> {params.add(embedding)})"
     sql = f"""
         SELECT f.id, f.importance, f.ema_activation, length(f.search_tsv) AS dl,
                extract(epoch FROM now() - f.created_at) / 86400.0 AS age_days,
-               CASE WHEN f.embedding IS NULL THEN NULL ELSE {cosine} END AS cosine,
-               (SELECT coalesce(jsonb_object_agg(t.term, t.tf), '{{}}') FROM fragment_terms t
-                 WHERE t.fragment_id = f.id AND t.term = ANY({term_list}::text[]))::text AS tf
+               CASE WHEN f.embedding IS NULL THEN NULL ELSE {cosine} END AS cosine
         FROM fragments f WHERE f.id = ANY({id_list}::text[]) AND {scope}
     """
     out = {}
     for r in await conn.fetch(sql, *params.values):
         out[r["id"]] = PooledFragment(
-            r["id"], _counts(r["tf"]), int(r["dl"]), None if r["cosine"] is None else float(r["cosine"]),
+            r["id"], {}, int(r["dl"]), None if r["cosine"] is None else float(r["cosine"]),
             float(r["importance"]), float(r["ema_activation"]), float(r["age_days"]),
         )
+    # Only the rows the scope let through are asked for.
+    for fid, counts in (await term_counts(conn, list(out), terms)).items():
+        out[fid].tf = counts
     return out
 
 
@@ -255,18 +255,19 @@ def _counts(encoded: str) -> dict[str, int]:
 
 
 async def term_counts(conn: asyncpg.Connection, ids: list[str], terms: list[str]) -> dict[str, dict[str, int]]:
-    """Counts of `terms` in fragments already read through the caller's scope (the pool)."""
+    """Counts of `terms` in fragments already read through the caller's scope (the pool):
+    the matching postings as flat rows. (One aggregate per fragment, built in SQL, cost
+    ~70 us a fragment: 20 ms for a 300-fragment pool, against ~3 ms for the flat rows.)"""
     if not ids or not terms:
         return {}
     rows = await conn.fetch(
-        """
-        SELECT i.id, (SELECT coalesce(jsonb_object_agg(t.term, t.tf), '{}') FROM fragment_terms t
-                      WHERE t.fragment_id = i.id AND t.term = ANY($2::text[]))::text AS tf
-        FROM unnest($1::text[]) AS i(id)
-        """,
+        "SELECT fragment_id, term, tf FROM fragment_terms WHERE fragment_id = ANY($1::text[]) AND term = ANY($2::text[])",
         ids, terms,
     )
-    return {r["id"]: _counts(r["tf"]) for r in rows}
+    out: dict[str, dict[str, int]] = {}
+    for r in rows:
+        out.setdefault(r["fragment_id"], {})[r["term"]] = int(r["tf"])
+    return out
 
 
 async def content_terms(conn: asyncpg.Connection, ids: list[str]) -> dict[str, dict[str, int]]:
