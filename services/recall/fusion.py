@@ -96,7 +96,13 @@ def score(pool: Pool, idf: dict[str, float]) -> list[RankedHit]:
     at = {fid: k for k, fid in enumerate(ids)}
     terms = list(idf)
     weights = np.array([idf[t] for t in terms], dtype=float)
-    tf = np.array([[rows[fid].tf.get(t, 0) for t in terms] for fid in ids], dtype=float).reshape(len(ids), len(terms))
+    column = {t: j for j, t in enumerate(terms)}
+    tf = np.zeros((len(ids), len(terms)))
+    for k, fid in enumerate(ids):  # the counts are sparse: fill only the matches
+        for t, n in rows[fid].tf.items():
+            j = column.get(t)
+            if j is not None:
+                tf[k, j] = n
     dl = np.array([rows[fid].dl for fid in ids], dtype=float)
     # A missing neighbour is index -1: the appended zero row (or -inf for borrowing).
     prev = np.array([at.get(rows[fid].prev, -1) if rows[fid].prev else -1 for fid in ids], dtype=int)
