@@ -30,6 +30,10 @@ ALIVE = "engram:recall:effects:alive:{replica}"
 HEARTBEAT_TTL_S = 30
 # Up to this many effects per transaction; a burst of 200 recalls drains in a few batches.
 BATCH = 200
+# After a partial batch the drainer waits this long, so one-at-a-time recalls are applied a
+# few at a time: one transaction (and one UPDATE of each fragment returned again) per
+# interval, not per query. Each effect still lands within about this much of its recall.
+COALESCE_S = 0.25
 
 
 class SideEffects:
@@ -116,7 +120,8 @@ class SideEffects:
                     if beats % 40 == 0:  # every ~10 s when idle
                         await self._heartbeat_and_adopt()
                     beats += 1
-                    await self.drain_once(wait=0.25)
+                    if 0 < await self.drain_once(wait=0.25) < BATCH:
+                        await asyncio.sleep(COALESCE_S)
             except (RedisError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
                 logger.exception("recall effects drainer failed; retrying")
                 await asyncio.sleep(1.0)
