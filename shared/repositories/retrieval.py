@@ -35,7 +35,10 @@ PRE_RANK_FILTERED = 2000
 
 
 # A filtered scope of at most this many rows is ranked exactly rather than through HNSW.
-EXACT_SCOPE = 3000
+# Deciding reads up to this many rows (embeddings included) first: at 100k, workspace + type
+# + minImportance scopes of 1-3k rows took nearest() 16 ms exact against 11 ms through HNSW's
+# filtered iterative scan, with the same hit@10 (0.49 / 0.52 on the bench's filtered suite).
+EXACT_SCOPE = 1000
 # Neighbouring turns are looked for among this many turns of the session each side of a hit.
 NEIGHBOUR_SCAN = 8
 
