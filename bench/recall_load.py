@@ -30,7 +30,7 @@ from shared.domain.keywords import merge_keywords
 from shared.embeddings import load_embedder
 from shared.repositories import fragments as fragments_repo
 
-# Rows per insert transaction and per embedding call (64-row ONNX batches, measured fastest here).
+# Rows per insert transaction and per embedding call (the embedder cuts it into EMBEDDING_BATCH_SIZE runs).
 CHUNK = 2000
 
 

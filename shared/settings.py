@@ -54,7 +54,10 @@ class EmbeddingSettings(BaseSettings):
     model_path: str | None = Field(None, alias="EMBEDDING_MODEL_PATH")
     cache_dir: str = Field(".data/models", alias="EMBEDDING_CACHE_DIR")
     dimensions: int = Field(384, alias="EMBEDDING_DIMENSIONS")
-    batch_size: int = Field(64, alias="EMBEDDING_BATCH_SIZE")
+    # Texts per ONNX run (length-sorted first). 16 beat 64 here by 12-24% texts per CPU-second
+    # (fp32 and int8 alike; bench corpus, one thread a call): bigger batches pad more and
+    # their activations fall out of cache.
+    batch_size: int = Field(16, alias="EMBEDDING_BATCH_SIZE")
     threads: int = Field(0, alias="EMBEDDING_THREADS")
 
 
