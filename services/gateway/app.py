@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from services.common.heap import settle_heap
 from services.common.internal import install_observability
 from services.gateway import admin_io, admin_keys, openapi, rotation
 from services.gateway.admin_maintenance import router as admin_maintenance_router
@@ -120,6 +121,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         app.state.daily_calls = daily_calls
         app.state.oauth = OAuthService(pool, settings)
         app.state.limiter = RateLimiter(redis_client)
+        settle_heap()
         try:
             async with transports.streamable.run():
                 yield

@@ -9,6 +9,7 @@ import anyio
 from fastapi import FastAPI
 from redis.asyncio import Redis
 
+from services.common.heap import settle_heap
 from services.ingest.api import router, tool_handlers
 from services.ingest.service import WriteResources
 from services.common.internal import install_internal_api
@@ -33,6 +34,7 @@ def create_app(settings: IngestSettings | None = None) -> FastAPI:
         app.state.settings = settings
         app.state.resources = WriteResources(pool=pool, embedder=embedder, settings=settings, redis=redis)
         app.state.celery = celery_client(settings.broker_url or settings.redis_url) if settings.redis_active else None
+        settle_heap()
         try:
             yield
         finally:

@@ -12,6 +12,7 @@ import anyio
 from fastapi import FastAPI
 from redis.asyncio import Redis
 
+from services.common.heap import settle_heap
 from services.common.internal import install_internal_api
 from services.recall.api import router, tool_handlers
 from services.recall.effects import SideEffects
@@ -53,6 +54,7 @@ def create_app(settings: ReadSettings | None = None) -> FastAPI:
             pool=pool, embedder=embedder, tokens=tokens, settings=settings, effects=effects, redis=redis
         )
         drainer = asyncio.create_task(effects.run())
+        settle_heap()
         try:
             yield
         finally:
