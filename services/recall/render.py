@@ -147,7 +147,8 @@ def pack(tokens: TokenCounter, rendered: list[dict[str, Any]], budget: int) -> t
     """Fill the token budget best-first; what does not fit is left for the next page."""
     packed: list[dict[str, Any]] = []
     used = 0
-    for item, cost in zip(rendered, tokens.count_json_many(rendered)):
+    for item in rendered:
+        cost = tokens.count_json(item)
         if used + cost > budget:
             if packed:
                 break

@@ -186,7 +186,8 @@ async def layered_search(
     # Turns next to a candidate join the candidates (an answer is often the reply to the
     # turn that matched), and every pooled turn knows its neighbours for window BM25 and
     # borrowing: ±2 around the layers' best candidates covers ±1 around the joined ones.
-    near_of = list(dict.fromkeys([fid for fid, _ in lexical[:NEIGHBOUR_SEEDS]] + [fid for fid, _ in semantic[:NEIGHBOUR_SEEDS]] + list(via_graph)))
+    best = [fid for ranked in (lexical, semantic) for fid, _ in ranked[:NEIGHBOUR_SEEDS]]
+    near_of = list(dict.fromkeys(best + list(via_graph)))
     around = await retrieval.turn_neighbours(conn, principal, flt, near_of, width=2)
     links: dict[str, list[str | None]] = {}  # id -> [prev, next]
 

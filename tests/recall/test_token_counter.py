@@ -27,9 +27,9 @@ def _reference(text: str) -> int:
 def test_counts_match_the_tokenizer_cached_or_not() -> None:
     counter = TokenCounter(model_dir() / "tokenizer.json")
     expected = [_reference(t) for t in TEXTS]
-    assert counter.count_many(TEXTS) == expected
+    assert [counter.count(t) for t in TEXTS] == expected
     # Again (all cached), mixed with duplicates and a new text.
-    again = counter.count_many([TEXTS[1], TEXTS[0], TEXTS[1], "one more"])
+    again = [counter.count(t) for t in (TEXTS[1], TEXTS[0], TEXTS[1], "one more")]
     assert again == [expected[1], expected[0], expected[1], _reference("one more")]
     assert counter.count_json({"a": "b"}) == _reference('{"a": "b"}')
     assert expected[0] > 5 and expected[1] > 3
@@ -39,6 +39,6 @@ def test_the_cache_is_bounded(monkeypatch) -> None:  # type: ignore[no-untyped-d
     monkeypatch.setattr(tokens_mod, "CACHED_COUNTS", 3)
     counter = TokenCounter(model_dir() / "tokenizer.json")
     texts = [f"text number {i}" for i in range(10)]
-    assert counter.count_many(texts) == [_reference(t) for t in texts]
-    assert len(counter._counts) == 3
+    assert [counter.count(t) for t in texts] == [_reference(t) for t in texts]
+    assert counter.count.cache_info().currsize == 3
     assert counter.count(texts[0]) == _reference(texts[0])  # evicted, counted afresh
