@@ -49,11 +49,11 @@ class EmbeddingSettings(BaseSettings):
 
     # "onnx" serves an ONNX export of the model (made once from the torch model, offline);
     # "torch" runs sentence-transformers directly; "onnx-int8" a dynamic int8 quantization
-    # of the export (faster, vectors differ from fp32's); "bf16" torch in bfloat16 (fast
-    # only on CPUs with AMX); "hybrid" ONNX for calls of a few texts and bf16 for larger
-    # ones; "auto" (default) is "hybrid" where the CPU has AMX-BF16, else "onnx"
+    # of the export (faster, vectors differ from fp32's); "openvino" the export compiled by
+    # OpenVINO, bfloat16 where the CPU has it natively; "auto" (default) is "openvino" where
+    # the CPU multiplies bfloat16 natively (AMX / AVX512-BF16), else "onnx"
     # (shared/embeddings/model.py).
-    backend: Literal["auto", "onnx", "onnx-int8", "torch", "bf16", "hybrid"] = Field("auto", alias="EMBEDDING_BACKEND")
+    backend: Literal["auto", "onnx", "onnx-int8", "openvino", "torch"] = Field("auto", alias="EMBEDDING_BACKEND")
     model_path: str | None = Field(None, alias="EMBEDDING_MODEL_PATH")
     cache_dir: str = Field(".data/models", alias="EMBEDDING_CACHE_DIR")
     dimensions: int = Field(384, alias="EMBEDDING_DIMENSIONS")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -16,7 +15,6 @@ from services.ingest.service import WriteResources
 from services.common.internal import install_internal_api
 from shared.db import create_pool
 from shared.embeddings import load_embedder
-from shared.embeddings.model import HybridEmbedder
 from shared.jobs import celery_client
 from shared.settings import IngestSettings
 from shared.telemetry import configure_logging, configure_tracing
@@ -31,9 +29,6 @@ def create_app(settings: IngestSettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool = await create_pool(settings.database_url, min_size=settings.db_pool_min, max_size=settings.db_pool_max)
         embedder = await anyio.to_thread.run_sync(load_embedder)
-        if isinstance(embedder, HybridEmbedder):
-            # Batches use the bf16 model: load it now, beside serving, not on the first batch.
-            threading.Thread(target=embedder.warm_up, name="embedder-warm-up", daemon=True).start()
         # The batch queue and the feedback-sampling limits; no connection is made until used.
         redis = Redis.from_url(settings.redis_url, socket_connect_timeout=2, socket_timeout=5) if settings.redis_active else None
         app.state.settings = settings

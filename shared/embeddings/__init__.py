@@ -9,10 +9,10 @@ A third, "onnx-int8", quantizes that export (dynamic int8, per-channel weights):
 throughput, vectors within cosine ~0.98 of the others. Every service (ingest, recall,
 maintenance) must run the same backend, and switching it on a store with fp32 vectors
 mixes the two; it is an operator's choice, measured in bench/README.md.
-"bf16" runs the torch model in bfloat16: on CPUs with AMX tiles ~2.5-3x the texts per
-CPU-second of fp32 ONNX for batches, vectors within cosine 0.9999 of fp32's. "hybrid" serves
-calls of a few texts (queries, one remember) with fp32 ONNX and larger ones with bf16; the
-default, "auto", is "hybrid" where the CPU reports amx_bf16 and "onnx" elsewhere.
+"openvino" compiles the same export with OpenVINO, which multiplies in bfloat16 where the
+CPU does natively (AMX, AVX512-BF16): ~3x the texts per CPU-second of fp32 ONNX Runtime for
+batches, a query as fast, vectors within cosine 0.9999 of fp32's. The default, "auto", is
+"openvino" where OpenVINO reports native bf16 and "onnx" elsewhere.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 from pathlib import Path
 from typing import Protocol
@@ -20,23 +21,9 @@ ONNX_FILE = "all-MiniLM-L6-v2.onnx"
 # ~2.4x the texts per CPU-second of fp32 here (245 vs 100 on the bench corpus, one thread),
 # vectors within cosine 0.98 of fp32's. Opt-in: stored vectors then differ from fp32's.
 ONNX_INT8_FILE = "all-MiniLM-L6-v2.int8.onnx"
-# Texts per bf16 forward pass (length-sorted first): AMX tiles want many rows; 64 gave the
-# most texts per CPU-second of 16/32/64 on the bench corpus.
-BF16_BATCH = 64
-# HybridEmbedder: calls of up to this many texts go to fp32 ONNX, larger ones to bf16.
-SMALL_CALL = 4
-
-
-def cpu_flags() -> set[str]:
-    """The CPU feature flags the kernel reports (Linux); empty elsewhere."""
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+# Texts per OpenVINO inference (length-sorted first): bf16 on AMX tiles wants many rows;
+# 32 did 356-389 texts per CPU-second, 16 and 64 312-353 (bench corpus, 50-text calls).
+OPENVINO_BATCH = 32
 
 
 def available_cores() -> int:
@@ -133,80 +120,65 @@ class OnnxEmbedder:
         return out
 
 
-class Bf16Embedder:
-    """MiniLM in bfloat16 through torch, for many texts at once on CPUs with AMX.
+class OpenVinoEmbedder:
+    """The same ONNX export compiled by OpenVINO, which multiplies in bfloat16 where the CPU
+    does so natively (AMX or AVX512-BF16: OpenVINO's own default there) and in fp32 elsewhere.
 
-    On a core with AMX-BF16 (Xeon Sapphire Rapids and later) oneDNN runs the matrix
-    products on the tile unit: ~400-490 bench-corpus texts per CPU-second in 64-text runs
-    against ~130 for fp32 ONNX (bench/README.md), and the mean-pooled, fp32-normalised
-    vectors stay within cosine 0.9999 of fp32's. A single short text is slower than ONNX
-    (~7.5 vs ~6 ms: per-call overhead), hence HybridEmbedder.
+    On this machine's AMX Xeon: ~430-500 bench-corpus texts per CPU-second in 50-text runs
+    (fp32 ONNX Runtime ~125), a query in ~3.4 ms (ONNX Runtime ~3.7-4.3), vectors within
+    cosine 0.9999 of fp32's (pooling and normalisation stay fp32). One stream per core with one
+    thread each, one infer request per stream, as for ONNX Runtime (see OnnxEmbedder).
     """
 
-    def __init__(self, path: Path, threads: int) -> None:
-        import torch
+    def __init__(self, onnx_path: Path, tokenizer_path: Path, batch_size: int, threads: int) -> None:
+        import openvino as ov
         from tokenizers import Tokenizer
-        from transformers import AutoModel
 
-        self._torch = torch
-        # One thread per call and as many calls as cores, as for ONNX (see OnnxEmbedder).
-        torch.set_num_threads(max(threads, 1))
-        self.parallel_calls = available_cores() if threads <= 1 else 1
-        self._model = AutoModel.from_pretrained(str(path), dtype=torch.bfloat16).eval()
-        self._tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+        self._tokenizer = Tokenizer.from_file(str(tokenizer_path))
         self._tokenizer.enable_truncation(MAX_TOKENS)
-        # Lengths rounded up to 8 tokens: oneDNN compiles a kernel per input shape and
-        # keeps recent ones, so fewer distinct shapes means fewer compilations.
+        # Lengths rounded up to 8 tokens: fewer distinct input shapes for the compiled model.
         self._tokenizer.enable_padding(pad_to_multiple_of=8)
+        lanes = available_cores() if threads <= 1 else 1
+        per_lane = max(threads, 1)
+        compiled = ov.Core().compile_model(str(onnx_path), "CPU", {
+            "NUM_STREAMS": str(lanes), "INFERENCE_NUM_THREADS": str(lanes * per_lane), "PERFORMANCE_HINT": "LATENCY",
+        })
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        for _ in range(lanes):
+            self._requests.put(compiled.create_infer_request())
+        self.parallel_calls = lanes
+        self._batch_size = batch_size
         self.dimensions = 384
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        torch = self._torch
         if not texts:
             return np.zeros((0, self.dimensions), dtype=np.float32)
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         out = np.zeros((len(texts), self.dimensions), dtype=np.float32)
-        for start in range(0, len(order), BF16_BATCH):
-            idx = order[start : start + BF16_BATCH]
-            encodings = self._tokenizer.encode_batch([texts[i] for i in idx])
-            input_ids = torch.tensor([e.ids for e in encodings])
-            mask = torch.tensor([e.attention_mask for e in encodings])
-            with torch.inference_mode():
-                hidden = self._model(input_ids=input_ids, attention_mask=mask).last_hidden_state.float()
-            pooled = (hidden * mask[..., None]).sum(dim=1) / mask.sum(dim=1, keepdim=True).clamp(min=1)
-            out[idx] = _normalise(pooled.numpy())
+        request = self._requests.get()  # one per stream; a call beyond parallel_calls waits
+        try:
+            for start in range(0, len(order), self._batch_size):
+                idx = order[start : start + self._batch_size]
+                encodings = self._tokenizer.encode_batch([texts[i] for i in idx])
+                input_ids = np.array([e.ids for e in encodings], dtype=np.int64)
+                mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+                hidden = request.infer(
+                    {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": np.zeros_like(input_ids)}
+                )[0]
+                summed = (hidden * mask[..., None]).sum(axis=1)
+                out[idx] = _normalise(summed / np.maximum(mask.sum(axis=1, keepdims=True), 1))
+        finally:
+            self._requests.put(request)
         return out
 
 
-class HybridEmbedder:
-    """fp32 ONNX for a call of a few texts (a query, one remember: lowest latency), bfloat16
-    torch for larger calls (batches, backfill: the most texts per CPU-second). The bf16 model
-    is loaded on the first large call, so a process that only embeds queries never loads it."""
-
-    def __init__(self, small: OnnxEmbedder, path: Path, threads: int) -> None:
-        self._small = small
-        self._path = path
-        self._threads = threads
-        self._large: Bf16Embedder | None = None
-        self._lock = threading.Lock()
-        self.dimensions = small.dimensions
-        self.parallel_calls = small.parallel_calls
-
-    def large(self) -> Bf16Embedder:
-        with self._lock:
-            if self._large is None:
-                self._large = Bf16Embedder(self._path, self._threads)
-            return self._large
-
-    def warm_up(self) -> None:
-        """Load the bf16 model and run it once (a batch writer calls this at start-up, in
-        the background, so its first batch does not wait ~3 s for the load)."""
-        self.large().embed(["warm-up"] * (SMALL_CALL + 1))
-
-    def embed(self, texts: list[str]) -> np.ndarray:
-        if len(texts) <= SMALL_CALL:
-            return self._small.embed(texts)
-        return self.large().embed(texts)
+def native_bf16() -> bool:
+    """Whether OpenVINO's CPU plugin reports native bfloat16 (AMX / AVX512-BF16) here."""
+    try:
+        import openvino as ov
+    except ImportError:
+        return False
+    return "BF16" in ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
 
 
 def export_onnx(source: Path, target: Path) -> Path:
@@ -263,11 +235,12 @@ def quantize_onnx(source: Path, target: Path) -> Path:
         return target
 
 
-def resolve_backend(backend: str, flags: set[str] | None = None) -> str:
-    """`auto`: `hybrid` where the CPU multiplies bfloat16 on AMX tiles, else `onnx`."""
+def resolve_backend(backend: str, bf16: bool | None = None) -> str:
+    """`auto`: `openvino` where the CPU multiplies bfloat16 natively, else `onnx` (ONNX
+    Runtime's fp32 is faster than OpenVINO's here: a query 3.7-4.3 vs 5.4 ms)."""
     if backend != "auto":
         return backend
-    return "hybrid" if "amx_bf16" in (cpu_flags() if flags is None else flags) else "onnx"
+    return "openvino" if (native_bf16() if bf16 is None else bf16) else "onnx"
 
 
 def load_embedder(settings: EmbeddingSettings | None = None) -> Embedder:
@@ -276,12 +249,11 @@ def load_embedder(settings: EmbeddingSettings | None = None) -> Embedder:
     backend = resolve_backend(settings.backend)
     if backend == "torch":
         return TorchEmbedder(source, settings.batch_size)
-    if backend == "bf16":
-        return Bf16Embedder(source, settings.threads)
     onnx_path = Path(settings.cache_dir) / ONNX_FILE
     if not onnx_path.exists():
         export_onnx(source, onnx_path)
     if backend == "onnx-int8":
         onnx_path = quantize_onnx(onnx_path, Path(settings.cache_dir) / ONNX_INT8_FILE)
-    onnx = OnnxEmbedder(onnx_path, source / "tokenizer.json", settings.batch_size, settings.threads)
-    return HybridEmbedder(onnx, source, settings.threads) if backend == "hybrid" else onnx
+    if backend == "openvino":
+        return OpenVinoEmbedder(onnx_path, source / "tokenizer.json", OPENVINO_BATCH, settings.threads)
+    return OnnxEmbedder(onnx_path, source / "tokenizer.json", settings.batch_size, settings.threads)

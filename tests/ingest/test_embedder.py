@@ -1,14 +1,15 @@
-"""The embedder's backends: fp32 ONNX, the opt-in int8 quantization of it, and bf16 batches (hybrid)."""
+"""The embedder's backends: fp32 ONNX, the opt-in int8 quantization of it, and OpenVINO (bf16 where native)."""
 
 from __future__ import annotations
 
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from shared.embeddings import load_embedder
-from shared.embeddings.model import ONNX_FILE, ONNX_INT8_FILE, SMALL_CALL, HybridEmbedder, resolve_backend
+from shared.embeddings.model import ONNX_FILE, ONNX_INT8_FILE, OpenVinoEmbedder, resolve_backend
 from shared.settings import EmbeddingSettings
 
 TEXTS = [
@@ -37,33 +38,32 @@ def test_int8_backend_keeps_the_fp32_neighbourhoods(stack, tmp_path: Path) -> No
         assert int(np.argsort(similarity)[-2]) == 1
 
 
-def test_auto_backend_is_hybrid_only_where_the_cpu_has_amx_bf16() -> None:
-    assert resolve_backend("auto", {"avx2", "avx512f", "amx_tile", "amx_bf16"}) == "hybrid"
-    assert resolve_backend("auto", {"avx2", "avx512f", "avx512_bf16"}) == "onnx"
-    assert resolve_backend("auto", set()) == "onnx"
-    assert resolve_backend("onnx-int8", {"amx_bf16"}) == "onnx-int8"
+def test_auto_backend_is_openvino_only_where_the_cpu_has_native_bf16() -> None:
+    assert resolve_backend("auto", bf16=True) == "openvino"
+    assert resolve_backend("auto", bf16=False) == "onnx"
+    assert resolve_backend("onnx-int8", bf16=True) == "onnx-int8"
 
 
-def test_hybrid_backend_serves_few_texts_with_onnx_and_batches_in_bf16(stack, tmp_path: Path) -> None:
+def test_openvino_backend_keeps_fp32_vectors(stack, tmp_path: Path) -> None:
     shutil.copy(stack.model_cache / ONNX_FILE, tmp_path / ONNX_FILE)
     fp32 = load_embedder(EmbeddingSettings(EMBEDDING_CACHE_DIR=str(tmp_path), EMBEDDING_BACKEND="onnx"))
-    hybrid = load_embedder(EmbeddingSettings(EMBEDDING_CACHE_DIR=str(tmp_path), EMBEDDING_BACKEND="hybrid"))
-    assert isinstance(hybrid, HybridEmbedder)
-    batch = TEXTS * 2  # more than SMALL_CALL texts: the bf16 model
-    assert len(batch) > SMALL_CALL
+    fast = load_embedder(EmbeddingSettings(EMBEDDING_CACHE_DIR=str(tmp_path), EMBEDDING_BACKEND="openvino"))
+    assert isinstance(fast, OpenVinoEmbedder)
+    batch = TEXTS * 10  # more than one OpenVINO run
     reference = fp32.embed(batch)
-    # A query-sized call is fp32 ONNX itself: the same vector, bit for bit.
-    assert np.array_equal(hybrid.embed(TEXTS[:1]), reference[:1])
-    bf16 = hybrid.embed(batch)
-    assert bf16.shape == (len(batch), 384)
-    assert np.allclose(np.linalg.norm(bf16, axis=1), 1.0, atol=1e-5)
-    # bf16 products, fp32 pooling and normalisation: within cosine 0.999 of fp32's vectors,
-    # yet computed differently (not the ONNX path).
-    agreement = (bf16 * reference).sum(axis=1)
-    assert agreement.min() > 0.999 and not np.array_equal(bf16, reference)
-    # Padding is masked: beside a text ten times longer (so padded far more), a text's
-    # vector stays where it was.
-    padded = hybrid.embed(batch + [" ".join(TEXTS) * 3])
-    assert float(padded[0] @ bf16[0]) > 0.9999
-    similarity = bf16[: len(TEXTS)] @ bf16[0]
+    vectors = fast.embed(batch)
+    assert vectors.shape == (len(batch), 384)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    # bf16 (where native) or fp32 products, fp32 pooling: within cosine 0.999 of ONNX Runtime's.
+    assert (vectors * reference).sum(axis=1).min() > 0.999
+    # A single text (a query) and the same text inside a batch padded far longer agree:
+    # padding is masked and calls do not leak into each other.
+    alone = fast.embed(TEXTS[:1])
+    padded = fast.embed(TEXTS[:1] + [" ".join(TEXTS) * 3])
+    assert float(alone[0] @ padded[0]) > 0.9999
+    similarity = vectors[: len(TEXTS)] @ vectors[0]
     assert int(np.argsort(similarity)[-2]) == 1
+    # Two calls at once (one per core) give what one at a time gives.
+    with ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(fast.embed, [batch[:20], batch[20:]]))
+    assert np.allclose(np.concatenate(together), vectors, atol=1e-3)
