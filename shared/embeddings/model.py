@@ -4,8 +4,9 @@ import logging
 import os
 import queue
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -15,6 +16,7 @@ logger = logging.getLogger(__name__)
 
 # MiniLM was trained on 256-token windows; longer input is truncated by the model anyway.
 MAX_TOKENS = 256
+DIMENSIONS = 384
 _EXPORT_LOCK = threading.Lock()
 ONNX_FILE = "all-MiniLM-L6-v2.onnx"
 # Dynamic int8 (per-channel weights) of the same export, for EMBEDDING_BACKEND=onnx-int8:
@@ -55,6 +57,24 @@ def model_dir(settings: EmbeddingSettings | None = None) -> Path:
 def _normalise(vectors: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     return (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+def _mean_pooled(
+    tokenizer: Any, texts: list[str], batch_size: int, run: Callable[[dict[str, np.ndarray]], np.ndarray]
+) -> np.ndarray:
+    """Mean-pooled, unit-length sentence vectors from an encoder's token states. Texts go in
+    length order, `batch_size` at a time, so each run pads to a similar size."""
+    out = np.zeros((len(texts), DIMENSIONS), dtype=np.float32)
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        encodings = tokenizer.encode_batch([texts[i] for i in idx])
+        input_ids = np.array([e.ids for e in encodings], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+        hidden = run({"input_ids": input_ids, "attention_mask": mask, "token_type_ids": np.zeros_like(input_ids)})
+        summed = (hidden * mask[..., None]).sum(axis=1)
+        out[idx] = _normalise(summed / np.maximum(mask.sum(axis=1, keepdims=True), 1))
+    return out
 
 
 class TorchEmbedder:
@@ -98,26 +118,13 @@ class OnnxEmbedder:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self._session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
         self._batch_size = batch_size
-        self.dimensions = 384
+        self.dimensions = DIMENSIONS
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        if not texts:
-            return np.zeros((0, self.dimensions), dtype=np.float32)
-        # Sort by length so each batch pads to a similar size.
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        out = np.zeros((len(texts), self.dimensions), dtype=np.float32)
-        for start in range(0, len(order), self._batch_size):
-            idx = order[start : start + self._batch_size]
-            encodings = self._tokenizer.encode_batch([texts[i] for i in idx])
-            input_ids = np.array([e.ids for e in encodings], dtype=np.int64)
-            mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
-            hidden = self._session.run(
-                None, {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": np.zeros_like(input_ids)}
-            )[0]
-            summed = (hidden * mask[..., None]).sum(axis=1)
-            pooled = summed / np.maximum(mask.sum(axis=1, keepdims=True), 1)
-            out[idx] = _normalise(pooled)
-        return out
+        def run(feeds: dict[str, np.ndarray]) -> np.ndarray:
+            return self._session.run(None, feeds)[0]
+
+        return _mean_pooled(self._tokenizer, texts, self._batch_size, run)
 
 
 class OpenVinoEmbedder:
@@ -153,28 +160,14 @@ class OpenVinoEmbedder:
             self._requests.put(core.compile_model(model, "CPU", config).create_infer_request())
         self.parallel_calls = lanes
         self._batch_size = batch_size
-        self.dimensions = 384
+        self.dimensions = DIMENSIONS
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        if not texts:
-            return np.zeros((0, self.dimensions), dtype=np.float32)
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        out = np.zeros((len(texts), self.dimensions), dtype=np.float32)
-        request = self._requests.get()  # one per stream; a call beyond parallel_calls waits
+        request = self._requests.get()  # one per lane; a call beyond parallel_calls waits
         try:
-            for start in range(0, len(order), self._batch_size):
-                idx = order[start : start + self._batch_size]
-                encodings = self._tokenizer.encode_batch([texts[i] for i in idx])
-                input_ids = np.array([e.ids for e in encodings], dtype=np.int64)
-                mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
-                hidden = request.infer(
-                    {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": np.zeros_like(input_ids)}
-                )[0]
-                summed = (hidden * mask[..., None]).sum(axis=1)
-                out[idx] = _normalise(summed / np.maximum(mask.sum(axis=1, keepdims=True), 1))
+            return _mean_pooled(self._tokenizer, texts, self._batch_size, lambda feeds: request.infer(feeds)[0])
         finally:
             self._requests.put(request)
-        return out
 
 
 def native_bf16() -> bool:
