@@ -131,9 +131,9 @@ class OpenVinoEmbedder:
     """The same ONNX export compiled by OpenVINO, which multiplies in bfloat16 where the CPU
     does so natively (AMX or AVX512-BF16: OpenVINO's own default there) and in fp32 elsewhere.
 
-    On this machine's AMX Xeon: ~430-500 bench-corpus texts per CPU-second in 50-text runs
-    (fp32 ONNX Runtime ~125), a query in ~3.4 ms (ONNX Runtime ~3.7-4.3), vectors within
-    cosine 0.9999 of fp32's (pooling and normalisation stay fp32). One lane per core, one thread
+    On this machine's AMX Xeon: ~390-490 bench-corpus texts per CPU-second in 32-text runs
+    (fp32 ONNX Runtime ~125), a query p50 5.0-5.3 ms where ONNX Runtime took 7.6-8.9 in the
+    same minutes (3.6-4.4 vs 3.7-4.3 in a faster stretch), vectors within cosine 0.9999 of fp32's (pooling and normalisation stay fp32). One lane per core, one thread
     each, as for ONNX Runtime (see OnnxEmbedder).
     """
 
@@ -234,8 +234,8 @@ def quantize_onnx(source: Path, target: Path) -> Path:
 
 
 def resolve_backend(backend: str, bf16: bool | None = None) -> str:
-    """`auto`: `openvino` where the CPU multiplies bfloat16 natively, else `onnx` (ONNX
-    Runtime's fp32 is faster than OpenVINO's here: a query 3.7-4.3 vs 5.4 ms)."""
+    """`auto`: `openvino` where the CPU multiplies bfloat16 natively, else `onnx` (in fp32,
+    ONNX Runtime beat OpenVINO here: a query 3.7-4.3 vs 5.4 ms)."""
     if backend != "auto":
         return backend
     return "openvino" if (native_bf16() if bf16 is None else bf16) else "onnx"
