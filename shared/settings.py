@@ -57,10 +57,9 @@ class EmbeddingSettings(BaseSettings):
     model_path: str | None = Field(None, alias="EMBEDDING_MODEL_PATH")
     cache_dir: str = Field(".data/models", alias="EMBEDDING_CACHE_DIR")
     dimensions: int = Field(384, alias="EMBEDDING_DIMENSIONS")
-    # Texts per ONNX run (length-sorted first). 16 beat 64 here by 12-24% texts per CPU-second
-    # (fp32 and int8 alike; bench corpus, one thread a call): bigger batches pad more and
-    # their activations fall out of cache.
-    batch_size: int = Field(16, alias="EMBEDDING_BATCH_SIZE")
+    # Texts per model run (length-sorted first); unset, each backend's measured best
+    # (shared/embeddings/model.py: DEFAULT_BATCH).
+    batch_size: int | None = Field(None, alias="EMBEDDING_BATCH_SIZE", ge=1)
     threads: int = Field(0, alias="EMBEDDING_THREADS")
 
 

@@ -23,9 +23,11 @@ ONNX_FILE = "all-MiniLM-L6-v2.onnx"
 # ~2.4x the texts per CPU-second of fp32 here (245 vs 100 on the bench corpus, one thread),
 # vectors within cosine 0.98 of fp32's. Opt-in: stored vectors then differ from fp32's.
 ONNX_INT8_FILE = "all-MiniLM-L6-v2.int8.onnx"
-# Texts per OpenVINO inference (length-sorted first): bf16 on AMX tiles wants many rows;
-# 32 did 356-389 texts per CPU-second, 16 and 64 312-353 (bench corpus, 50-text calls).
-OPENVINO_BATCH = 32
+# Texts per model run when EMBEDDING_BATCH_SIZE is unset (length-sorted first), measured on
+# the bench corpus, one thread a call. ONNX Runtime: 16 beat 64 by 12-24% texts per
+# CPU-second (fp32 and int8; bigger runs pad more and their activations fall out of cache).
+# OpenVINO: bf16 on AMX tiles wants more rows; 32 did 356-389, 16 and 64 312-353.
+DEFAULT_BATCH = {"onnx": 16, "onnx-int8": 16, "torch": 16, "openvino": 32}
 
 
 def available_cores() -> int:
@@ -245,13 +247,14 @@ def load_embedder(settings: EmbeddingSettings | None = None) -> Embedder:
     settings = settings or embedding_settings()
     source = model_dir(settings)
     backend = resolve_backend(settings.backend)
+    batch_size = settings.batch_size or DEFAULT_BATCH[backend]
     if backend == "torch":
-        return TorchEmbedder(source, settings.batch_size)
+        return TorchEmbedder(source, batch_size)
     onnx_path = Path(settings.cache_dir) / ONNX_FILE
     if not onnx_path.exists():
         export_onnx(source, onnx_path)
     if backend == "onnx-int8":
         onnx_path = quantize_onnx(onnx_path, Path(settings.cache_dir) / ONNX_INT8_FILE)
     if backend == "openvino":
-        return OpenVinoEmbedder(onnx_path, source / "tokenizer.json", OPENVINO_BATCH, settings.threads)
-    return OnnxEmbedder(onnx_path, source / "tokenizer.json", settings.batch_size, settings.threads)
+        return OpenVinoEmbedder(onnx_path, source / "tokenizer.json", batch_size, settings.threads)
+    return OnnxEmbedder(onnx_path, source / "tokenizer.json", batch_size, settings.threads)

@@ -7,6 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+import pytest
+from pydantic import ValidationError
 
 from shared.embeddings import load_embedder
 from shared.embeddings.model import ONNX_FILE, ONNX_INT8_FILE, OpenVinoEmbedder, resolve_backend
@@ -67,3 +69,17 @@ def test_openvino_backend_keeps_fp32_vectors(stack, tmp_path: Path) -> None:
     with ThreadPoolExecutor(2) as pool:
         together = list(pool.map(fast.embed, [batch[:20], batch[20:]]))
     assert np.allclose(np.concatenate(together), vectors, atol=1e-3)
+
+
+def test_batch_size_is_each_backends_default_unless_set(stack, tmp_path: Path) -> None:
+    shutil.copy(stack.model_cache / ONNX_FILE, tmp_path / ONNX_FILE)
+    cache = str(tmp_path)
+    assert load_embedder(EmbeddingSettings(EMBEDDING_CACHE_DIR=cache, EMBEDDING_BACKEND="onnx"))._batch_size == 16
+    assert load_embedder(EmbeddingSettings(EMBEDDING_CACHE_DIR=cache, EMBEDDING_BACKEND="openvino"))._batch_size == 32
+    chosen = load_embedder(EmbeddingSettings(EMBEDDING_CACHE_DIR=cache, EMBEDDING_BACKEND="openvino", EMBEDDING_BATCH_SIZE=8))
+    assert chosen._batch_size == 8
+    # Runs of 8 give the vectors one run of 32 gives (length-sorted runs, padding masked).
+    assert np.allclose(chosen.embed(TEXTS * 5), load_embedder(
+        EmbeddingSettings(EMBEDDING_CACHE_DIR=cache, EMBEDDING_BACKEND="openvino")).embed(TEXTS * 5), atol=2e-3)
+    with pytest.raises(ValidationError):
+        EmbeddingSettings(EMBEDDING_BATCH_SIZE=0)
