@@ -201,7 +201,7 @@ async def test_post_commit_job_reaches_the_worker(stack: Stack, mcp_url: str, ma
     conn = await asyncpg.connect(stack.database_url, server_settings={"search_path": SEARCH_PATH})
     try:
         for _ in range(100):
-            linked = await conn.fetchval("SELECT auto_linked_at IS NOT NULL FROM fragments WHERE id = $1", second["id"])
+            linked = not await conn.fetchval("SELECT count(*) FROM fragment_link_pending WHERE fragment_id = $1", second["id"])
             if linked:
                 break
             await asyncio.sleep(0.2)

@@ -60,7 +60,11 @@ async def test_redis_unreachable_still_serves(stack: Stack, stack_dir: Path) -> 
         # With no broker the post-commit job ran inline: nothing waits for a worker that isn't there.
         conn = await asyncpg.connect(stack.database_url, server_settings={"search_path": SEARCH_PATH})
         try:
-            assert await conn.fetchval("SELECT auto_linked_at IS NOT NULL FROM fragments WHERE id = $1", second["id"])
+            assert not await conn.fetchval("SELECT count(*) FROM fragment_link_pending WHERE fragment_id = $1", second["id"])
+            assert await conn.fetchval(
+                "SELECT count(*) FROM fragment_links WHERE from_id = $1 AND to_id = $2 AND relation_type = 'related'",
+                second["id"], first["id"],
+            )
         finally:
             await conn.close()
 

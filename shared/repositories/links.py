@@ -43,12 +43,17 @@ def _owner_clause(alias: str, key_id: str | None, workspace: str | None, params:
 
 async def auto_link(conn: asyncpg.Connection, fragment_ids: list[str]) -> int:
     """Link each not-yet-linked fragment to similar ones of its own tenant and workspace;
-    idempotent."""
+    idempotent. Call inside a transaction: the pending rows taken here are deleted with it
+    (a concurrent call for the same fragments waits on them, then finds nothing to do), and
+    come back if the links fail. A fragment without an embedding yet stays pending."""
     scopes = await conn.fetch(
         """
-        SELECT key_id, workspace, array_agg(id) AS ids FROM fragments
-        WHERE id = ANY($1::text[]) AND auto_linked_at IS NULL AND embedding IS NOT NULL
-        GROUP BY key_id, workspace
+        WITH taken AS (
+            DELETE FROM fragment_link_pending p USING fragments f
+            WHERE p.fragment_id = ANY($1::text[]) AND f.id = p.fragment_id AND f.embedding IS NOT NULL
+            RETURNING f.id, f.key_id, f.workspace
+        )
+        SELECT key_id, workspace, array_agg(id) AS ids FROM taken GROUP BY key_id, workspace
         """,
         fragment_ids,
     )
@@ -82,17 +87,18 @@ async def auto_link(conn: asyncpg.Connection, fragment_ids: list[str]) -> int:
             *params,
         )
         linked += int(status.split()[-1])
-    await conn.execute(
-        "UPDATE fragments SET auto_linked_at = now() WHERE id = ANY($1::text[]) AND auto_linked_at IS NULL", fragment_ids
-    )
     return linked
 
 
 async def unlinked_fragment_ids(conn: asyncpg.Connection, limit: int) -> list[str]:
     rows = await conn.fetch(
-        "SELECT id FROM fragments WHERE auto_linked_at IS NULL AND embedding IS NOT NULL ORDER BY created_at LIMIT $1", limit
+        """
+        SELECT p.fragment_id FROM fragment_link_pending p JOIN fragments f ON f.id = p.fragment_id
+        WHERE f.embedding IS NOT NULL ORDER BY p.created_at LIMIT $1
+        """,
+        limit,
     )
-    return [r["id"] for r in rows]
+    return [r["fragment_id"] for r in rows]
 
 
 # Directed relations: a chain of them must not loop back (A caused_by B caused_by A).

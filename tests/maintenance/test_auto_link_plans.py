@@ -32,7 +32,7 @@ async def _links(conn: asyncpg.Connection, ids: list[str]) -> set[tuple[str, str
 
 async def _reset(conn: asyncpg.Connection, ids: list[str]) -> None:
     await conn.execute("DELETE FROM fragment_links WHERE relation_type = 'related' AND from_id = ANY($1::text[])", ids)
-    await conn.execute("UPDATE fragments SET auto_linked_at = NULL WHERE id = ANY($1::text[])", ids)
+    await conn.execute("INSERT INTO fragment_link_pending (fragment_id) SELECT unnest($1::text[])", ids)
 
 
 async def test_exact_and_graph_plans_link_alike_within_the_scope(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -43,7 +43,7 @@ async def test_exact_and_graph_plans_link_alike_within_the_scope(stack: Stack, m
     await register_vector(conn)
     try:
         for _ in range(100):  # let the worker's own link job for these finish first
-            if await conn.fetchval("SELECT count(*) FROM fragments WHERE id = ANY($1::text[]) AND auto_linked_at IS NULL", ids) == 0:
+            if await conn.fetchval("SELECT count(*) FROM fragment_link_pending WHERE fragment_id = ANY($1::text[])", ids) == 0:
                 break
             await asyncio.sleep(0.1)
         await _reset(conn, ids)

@@ -188,3 +188,33 @@ async def test_consolidation_invalidates_recall_cache(mstack, db, producer) -> N
         assert await wait_for(bumped, timeout=15)
     finally:
         await client.aclose()
+
+
+async def test_link_sweep_links_fragments_whose_job_never_came(mstack, db, embedder, producer) -> None:
+    """Fragments written without a post-commit link job (straight into the table, as an
+    import or a lost message leaves them) are pending from their insert; the sweep links
+    them within their tenant and takes them off the pending list. One without an embedding
+    stays pending until it has one."""
+    _, key_id = await new_key(mstack.database_url)
+    _, other_id = await new_key(mstack.database_url)
+    text = "The nightly backup of the orders database runs at 02:00 UTC."
+    first = await add_fragment(db, embedder, text, key_id=key_id)
+    second = await add_fragment(db, embedder, "Nightly backups of the orders database run at 2 am UTC.", key_id=key_id)
+    foreign = await add_fragment(db, embedder, text, key_id=other_id)
+    bare = await add_fragment(db, embedder, "No vector for this one yet.", key_id=key_id, embed=False)
+    ids = [first, second, foreign, bare]
+    pending = {r["fragment_id"] for r in await db.fetch(
+        "SELECT fragment_id FROM fragment_link_pending WHERE fragment_id = ANY($1::text[])", ids)}
+    assert pending <= set(ids) and bare in pending  # (beat's own sweep may have taken some already)
+
+    await asyncio.to_thread(producer.send_task, "maintenance.link_sweep", queue=QUEUE_MAINTENANCE)
+
+    async def swept() -> bool:
+        left = await db.fetch("SELECT fragment_id FROM fragment_link_pending WHERE fragment_id = ANY($1::text[])", ids)
+        return {r["fragment_id"] for r in left} == {bare}
+
+    assert await wait_for(swept)
+    related = {(r["from_id"], r["to_id"]) for r in await db.fetch(
+        "SELECT from_id, to_id FROM fragment_links WHERE relation_type = 'related' AND from_id = ANY($1::text[])", ids)}
+    assert (first, second) in related and (second, first) in related
+    assert not any(foreign in pair for pair in related)  # the other tenant's twin is never linked
