@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import asyncpg
 import numpy as np
 
-from shared.domain.principal import Principal, SqlParams, read_scope, workspace_scope
+from shared.domain.principal import Principal, SqlParams, read_scope
 from shared.domain.keywords import STOPWORDS
 from shared.domain.search import FragmentFilter
 from shared.repositories.fragments import filter_clauses
@@ -92,8 +92,11 @@ async def document_frequencies(
 
 
 def _postings_scope(principal: Principal, flt: FragmentFilter, params: SqlParams) -> str:
-    """The filters the postings carry themselves: tenant, workspace (+ global), type."""
-    clauses = [read_scope(principal, params, "t"), workspace_scope(flt.workspace, params, "t")]
+    """The filters the postings carry themselves: tenant, workspace (+ global, which the
+    postings spell '' so that both are one index condition), type."""
+    clauses = [read_scope(principal, params, "t")]
+    if flt.workspace is not None:
+        clauses.append(f"t.workspace = ANY(ARRAY[{params.add(flt.workspace)}, ''])")
     if flt.types:
         clauses.append(f"t.type = ANY({params.add(list(flt.types))}::text[])")
     return " AND ".join(clauses)
@@ -312,7 +315,9 @@ async def turn_neighbours(
     """The `width` fragments stored just before and just after each one in the same session
     and topic (one thread of conversation; seq order, nearest first) that pass the filters,
     looked for among the NEIGHBOUR_SCAN nearest turns of the session each side: a selective
-    filter in a long session must not walk all of it."""
+    filter in a long session must not walk all of it. Those turns are read from the index
+    alone (fragments_session_seq_topic carries topic and id); only turns in the topic are
+    fetched for the filters."""
     if not ids:
         return {}
     params = SqlParams()
@@ -322,12 +327,14 @@ async def turn_neighbours(
     scan = params.add(NEIGHBOUR_SCAN)
     sql = f"""
         SELECT c.id,
-            array(SELECT n.id FROM (SELECT * FROM fragments x WHERE x.session_id = c.session_id AND x.seq < c.seq
-                                    ORDER BY x.seq DESC LIMIT {scan}) n
-                  WHERE n.topic = c.topic AND {where} ORDER BY n.seq DESC LIMIT {w}) AS before,
-            array(SELECT n.id FROM (SELECT * FROM fragments x WHERE x.session_id = c.session_id AND x.seq > c.seq
-                                    ORDER BY x.seq ASC LIMIT {scan}) n
-                  WHERE n.topic = c.topic AND {where} ORDER BY n.seq ASC LIMIT {w}) AS after
+            array(SELECT n.id FROM (SELECT x.id, x.seq, x.topic FROM fragments x
+                                    WHERE x.session_id = c.session_id AND x.seq < c.seq ORDER BY x.seq DESC LIMIT {scan}) s
+                  JOIN fragments n ON n.id = s.id
+                  WHERE s.topic = c.topic AND {where} ORDER BY s.seq DESC LIMIT {w}) AS before,
+            array(SELECT n.id FROM (SELECT x.id, x.seq, x.topic FROM fragments x
+                                    WHERE x.session_id = c.session_id AND x.seq > c.seq ORDER BY x.seq ASC LIMIT {scan}) s
+                  JOIN fragments n ON n.id = s.id
+                  WHERE s.topic = c.topic AND {where} ORDER BY s.seq ASC LIMIT {w}) AS after
         FROM fragments c WHERE c.id = ANY({id_list}::text[]) AND c.session_id IS NOT NULL
     """
     rows = await conn.fetch(sql, *params.values)

@@ -42,3 +42,38 @@ def test_the_cache_is_bounded(monkeypatch) -> None:  # type: ignore[no-untyped-d
     assert [counter.count(t) for t in texts] == [_reference(t) for t in texts]
     assert counter.count.cache_info().currsize == 3
     assert counter.count(texts[0]) == _reference(texts[0])  # evicted, counted afresh
+
+
+def test_json_counted_piecewise_equals_the_whole() -> None:
+    """count_json sums the pieces of a value; that must equal the tokenizer's count of the
+    whole serialisation for everything recall renders: nested fields, lists, numbers, nulls,
+    dates, Korean, CJK, emoji, quotes and backslashes inside strings, long words."""
+    import json
+    import random
+    from datetime import datetime, timezone
+
+    counter = TokenCounter(model_dir() / "tokenizer.json")
+    rng = random.Random(7)
+    words = ["deploy", "서버가", "재시작", "日本語", "🙂", 'say "hi"', "C:\\tmp\\x", "x" * 130, "naïve café",
+             "3.14159", "-7", "a,b:c", "{braces}", "[list]", "OOMKilled", "ab-cd_ef", "", " spaced  out "]
+
+    def value(depth: int) -> object:
+        kind = rng.randrange(8 if depth < 3 else 5)
+        if kind == 0:
+            return " ".join(rng.choice(words) for _ in range(rng.randrange(0, 12)))
+        if kind == 1:
+            return rng.choice([0, 1, -3, 0.5, 0.123456789, 1e-9, 12345678901234])
+        if kind == 2:
+            return rng.choice([None, True, False])
+        if kind == 3:
+            return datetime(2026, 12, 1, 4, 5, 6, 789, tzinfo=timezone.utc)
+        if kind == 4:
+            return rng.choice(words)
+        if kind == 5:
+            return [value(depth + 1) for _ in range(rng.randrange(0, 4))]
+        return {rng.choice(words) or "k": value(depth + 1) for _ in range(rng.randrange(0, 5))}
+
+    for _ in range(300):
+        item = {"id": f"frag-{rng.randrange(10**6)}", "content": value(2), "extra": value(0), "score": rng.random()}
+        whole = json.dumps(item, ensure_ascii=False, default=str)
+        assert counter.count_json(item) == _reference(whole), whole
