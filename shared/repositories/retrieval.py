@@ -194,14 +194,14 @@ async def nearest(
         cap = params.add(EXACT_SCOPE + 1)
         sql = f"""
             WITH scope AS MATERIALIZED (
-                SELECT f.id, f.embedding FROM fragments f
+                SELECT f.id, f.embedding <=> {vec} AS distance FROM fragments f
                 WHERE f.embedding IS NOT NULL AND {where} LIMIT {cap}
             ),
             n AS (SELECT count(*) AS rows FROM scope),
             exact AS (
-                SELECT s.id, s.embedding <=> {vec} AS distance FROM scope s
+                SELECT s.id, s.distance FROM scope s
                 WHERE (SELECT rows FROM n) <= {EXACT_SCOPE}
-                ORDER BY distance LIMIT {k}
+                ORDER BY s.distance LIMIT {k}
             ),
             graph AS MATERIALIZED (
                 SELECT f.id, f.embedding <=> {vec} AS distance FROM fragments f
