@@ -75,7 +75,7 @@ async def run(database_url: str, redis_url: str, namespace: str, kind: str, coun
     )
     redis = Redis.from_url(redis_url)
     res = ReadResources(
-        pool=pool, embedder=load_embedder(), tokens=TokenCounter(model_dir() / "tokenizer.json"), settings=settings,
+        pool=pool, embedder=load_embedder(latency=True), tokens=TokenCounter(model_dir() / "tokenizer.json"), settings=settings,
         effects=SideEffects(pool, redis, replica="profile"), redis=redis,
     )
     embed = res.embed_query

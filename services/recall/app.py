@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -39,7 +40,7 @@ def create_app(settings: ReadSettings | None = None) -> FastAPI:
             max_size=settings.db_pool_max,
             session_sql=f"SET hnsw.iterative_scan = relaxed_order; SET hnsw.ef_search = {int(settings.hnsw_ef_search)}",
         )
-        embedder = await anyio.to_thread.run_sync(load_embedder)
+        embedder = await anyio.to_thread.run_sync(functools.partial(load_embedder, latency=True))
         # Load the Korean analyser now rather than on the first Korean query (~2 s).
         await anyio.to_thread.run_sync(korean_morphemes, "한국어")
         tokens = TokenCounter(model_dir() / "tokenizer.json")

@@ -83,3 +83,20 @@ def test_batch_size_is_each_backends_default_unless_set(stack, tmp_path: Path) -
         EmbeddingSettings(EMBEDDING_CACHE_DIR=cache, EMBEDDING_BACKEND="openvino")).embed(TEXTS * 5), atol=2e-3)
     with pytest.raises(ValidationError):
         EmbeddingSettings(EMBEDDING_BATCH_SIZE=0)
+
+
+@pytest.mark.parametrize("backend", ["onnx", "openvino"])
+def test_latency_embedder_gives_one_call_every_core(stack, tmp_path: Path, monkeypatch, backend: str) -> None:
+    """Recall loads the model with latency=True: one call at a time on every core (a query
+    waits for its vector), unless EMBEDDING_THREADS is set; ingest keeps a lane per core.
+    Same vectors either way."""
+    import shared.embeddings.model as model
+
+    monkeypatch.setattr(model, "available_cores", lambda: 2)
+    shutil.copy(stack.model_cache / ONNX_FILE, tmp_path / ONNX_FILE)
+    settings = EmbeddingSettings(EMBEDDING_CACHE_DIR=str(tmp_path), EMBEDDING_BACKEND=backend)
+    lanes = load_embedder(settings)
+    latency = load_embedder(settings, latency=True)
+    assert lanes.parallel_calls == 2 and latency.parallel_calls == 1
+    assert load_embedder(settings.model_copy(update={"threads": 1}), latency=True).parallel_calls == 2
+    assert np.allclose(latency.embed(TEXTS), lanes.embed(TEXTS), atol=2e-3)
