@@ -73,6 +73,11 @@ async def bulk_load(database_url: str, memories: list, namespace: str, embed_sha
                 ))
             async with conn.transaction():
                 await fragments_repo.insert_many(conn, rows)
+                # No automatic links for synthetic rows: the worker's link sweep would work
+                # through 100k of them while recall is being timed.
+                await conn.execute(
+                    "DELETE FROM fragment_link_pending WHERE fragment_id = ANY($1::text[])", [r.id for r in rows]
+                )
             print(f"  loaded {start + len(chunk)}/{len(memories)} ({time.perf_counter() - began:.0f} s)", flush=True)
         await conn.execute("ANALYZE fragments")
     finally:
