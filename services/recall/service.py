@@ -67,6 +67,8 @@ class ReadResources:
     df_cache: DocumentFrequencies = field(default_factory=DocumentFrequencies)
 
     _vectors: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict)
+    # L1 writes in flight (held so they are not collected before they finish).
+    _cache_writes: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def embed_query(self, text: str) -> np.ndarray:
         """The query's embedding; the most recent QUERY_VECTORS are kept (an agent repeats its
@@ -236,7 +238,12 @@ async def recall(res: ReadResources, ctx: ToolContext, arguments: dict[str, Any]
             body = await _search(res, conn, ctx, args, flt, seen_pages, explain, activate, latest)
             body["latest_seq"] = latest
             if cache_key:
-                await _cache_put(res, cache_key, body)
+                # Off the reply's path: serialising the page and the Redis round trip run while
+                # the _meta queries wait on Postgres. A write that lands late is harmless (the
+                # key carries the generation; the entry its latest seq).
+                task = asyncio.ensure_future(_cache_put(res, cache_key, body))
+                res._cache_writes.add(task)
+                task.add_done_callback(res._cache_writes.discard)
         else:
             body["searchPath"] = "L1 → " + body["searchPath"] if body["searchPath"] else "L1"
 
