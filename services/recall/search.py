@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import asyncpg
 import numpy as np
 
-from services.recall.fusion import RM3_FEEDBACK, Pool, PoolRow, expansion, feedback_weights, fuse_ranked_lists, score
+from services.recall.fusion import RM3_FEEDBACK, RM3_RESCORE, Pool, PoolRow, expansion, feedback_weights, fuse_ranked_lists, score
 from shared.domain.keywords import korean_morphemes
 from shared.domain.principal import Principal
 from shared.domain.search import FragmentFilter, RankedHit
@@ -223,7 +223,10 @@ async def layered_search(
     # Feedback widens a question; a keyword lookup asks for exactly its words.
     extra = await _feedback(conn, principal, corpus, df_cache, hits, stats, scope_total) if req.text else {}
     if extra:
-        for fid, counts in (await retrieval.term_counts(conn, pooled_ids, list(extra))).items():
+        # The expansion reorders the first ranking's head; counted over the whole pool, its
+        # terms lifted fragments from far down (query drift) and cost a 300-id lookup.
+        head = [h.id for h in hits[:RM3_RESCORE]]
+        for fid, counts in (await retrieval.term_counts(conn, head, list(extra))).items():
             if fid in pool.rows:
                 pool.rows[fid].tf.update(counts)
         hits = score(pool, {**stats.idf, **extra})
