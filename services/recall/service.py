@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import hashlib
 import json
 import logging
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -66,22 +66,17 @@ class ReadResources:
     _totals: dict[str, tuple[float, int]] = field(default_factory=dict)
     df_cache: DocumentFrequencies = field(default_factory=DocumentFrequencies)
 
-    _vectors: OrderedDict[str, np.ndarray] = field(default_factory=OrderedDict)
     # L1 writes in flight (held so they are not collected before they finish).
     _cache_writes: set[asyncio.Task[None]] = field(default_factory=set)
 
+    def __post_init__(self) -> None:
+        # The most recent QUERY_VECTORS query embeddings: an agent repeats its questions, and
+        # writes invalidate L1 but never a text's vector.
+        self._vector_of = functools.lru_cache(maxsize=QUERY_VECTORS)(lambda text: self.embedder.embed([text])[0])
+
     async def embed_query(self, text: str) -> np.ndarray:
-        """The query's embedding; the most recent QUERY_VECTORS are kept (an agent repeats its
-        questions, and writes invalidate L1 but never a text's vector)."""
-        vector = self._vectors.get(text)
-        if vector is not None:
-            self._vectors.move_to_end(text)
-            return vector
-        vector = (await anyio.to_thread.run_sync(self.embedder.embed, [text]))[0]
-        self._vectors[text] = vector
-        if len(self._vectors) > QUERY_VECTORS:
-            self._vectors.popitem(last=False)
-        return vector
+        """The query's embedding (cached), computed off the event loop."""
+        return await anyio.to_thread.run_sync(self._vector_of, text)
 
     async def scope_total(self, conn: asyncpg.Connection, ctx: ToolContext, flt: FragmentFilter, latest: int) -> int:
         """Fragments in the caller's filtered scope; reused while nothing new was stored in it
