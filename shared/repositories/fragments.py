@@ -60,13 +60,19 @@ CROSS JOIN LATERAL (SELECT ARRAY(SELECT jsonb_array_elements_text(r.keywords_jso
 """
 
 
+def _vector(value: Any) -> Vector | None:
+    """An embedding as the codec takes it: a fresh one is an ndarray, one read back from a row
+    (a supersede that keeps the content) is a Vector already."""
+    return value if value is None or isinstance(value, Vector) else Vector(value)
+
+
 def _insert_columns(fragments: list[NewFragment]) -> list[list[Any]]:
     rows = [
         (
             f.id, f.content, f.topic, f.type, json.dumps(f.keywords, ensure_ascii=False), f.importance, f.source,
             f.scope, f.is_anchor, f.ttl_tier, f.key_id, f.workspace, f.workspace_source, f.agent_id, f.session_id,
             f.case_id, f.goal, f.outcome, f.phase, f.resolution_status, f.assertion_status, f.affect,
-            f.context_summary, f.content_hash, None if f.embedding is None else Vector(f.embedding), f.valid_from,
+            f.context_summary, f.content_hash, _vector(f.embedding), f.valid_from,
             content_morphemes(f.content),
             # Set only by an admin import, which restores a fragment's history as exported.
             f.extra.get("valid_to"), f.extra.get("created_at"),

@@ -79,6 +79,16 @@ async def test_amend_supersedes_replaces_the_fragment(stack, mcp_url: str, maste
     assert new["content"] == "Releases are cut from main every second Friday." and abs(new["importance"] - 0.8) < 1e-6
 
 
+async def test_amend_supersedes_without_changing_the_content(stack, mcp_url: str, master_key: str) -> None:
+    # The successor takes the row's embedding as read back (a pgvector Vector, not an array).
+    async with mcp_session(mcp_url, master_key) as s:
+        fid = await _remember(s, content="Staging deploys need a green canary for ten minutes.", importance=0.5)
+        reply = await call(s, "amend", {"id": fid, "importance": 0.9, "supersedes": True})
+    old, new = await fragment(stack.database_url, fid), await fragment(stack.database_url, reply["id"])
+    assert old["superseded_by"] == reply["id"] and new["content"] == old["content"]
+    assert new["embedding"] is not None and abs(new["importance"] - 0.9) < 1e-6
+
+
 async def test_link_types_weight_cycles_and_dry_run(stack, mcp_url: str, master_key: str) -> None:
     async with mcp_session(mcp_url, master_key) as s:
         ws = unique()
