@@ -9,7 +9,7 @@ import asyncpg
 
 from services.common.internal import ToolContext, parse_arguments
 from services.ingest.feedback import attach_hint
-from services.ingest.service import Screening, WriteResources, embedding_text
+from services.ingest.service import Screening, WriteResources
 from shared.contract.write import AmendArgs
 from shared.domain import fragment as frag
 from shared.domain.errors import InvalidParams
@@ -111,13 +111,11 @@ async def amend(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, argument
             return {"success": False, "error": NOT_FOUND}, True
         changes = _patch(args, row, screening)
         if "content" in changes or "topic" in changes:
-            text = embedding_text(frag.NewFragment(
-                id=row["id"], content=changes.get("content", row["content"]), topic=changes.get("topic", row["topic"]),
-                type=row["type"], keywords=[], importance=0, content_hash="",
-            ))
-            changes["embedding"] = (await res.embed([text]))[0]
+            [(changes["embedding"], changes["passage_embeddings"])] = await res.embed_content(
+                [(changes.get("topic", row["topic"]), changes.get("content", row["content"]))]
+            )
         after = {**dict(row), **changes}
-        changed = [k for k in changes if k not in ("content_hash", "embedding")]
+        changed = [k for k in changes if k not in ("content_hash", "embedding", "passage_embeddings")]
 
         if args.dryRun:
             return {"dryRun": True, "id": row["id"], "changes": changed, "supersedes": args.supersedes,
@@ -131,12 +129,17 @@ async def amend(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, argument
             # the old one gets valid_to, half its importance and a superseded_by link.
             new = _successor(row, changes, principal)
             await fragments_repo.insert_many(conn, [new])
+            if "passage_embeddings" not in changes:  # same content: same passages
+                await fragments_repo.copy_passages(conn, row["id"], new.id)
             await revisions_repo.supersede(conn, principal, new.id, [row["id"]])
             jobs.add("maintenance.link_new_fragments", fragment_ids=[new.id])
             result.update(id=new.id, superseded=row["id"])
         else:
             result["version"] = await revisions_repo.record_version(conn, row, principal.key_id)
+            passage_vectors = changes.pop("passage_embeddings", None)
             await revisions_repo.apply_changes(conn, row["id"], changes)
+            if passage_vectors is not None:
+                await fragments_repo.replace_passages(conn, [(row["id"], passage_vectors)])
         events = await _case_events(conn, principal, row, changes)
         if events:
             result["caseEvents"] = events
@@ -153,7 +156,7 @@ def _successor(row: asyncpg.Record, changes: dict[str, Any], principal: Principa
     return frag.NewFragment(
         id=frag.new_fragment_id(), content=state["content"], topic=state["topic"], type=state["type"],
         keywords=list(state["keywords"]), importance=float(state["importance"]), content_hash=state["content_hash"],
-        embedding=state["embedding"], source=state["source"], scope=state["scope"], is_anchor=state["is_anchor"],
+        embedding=state["embedding"], passage_embeddings=state.get("passage_embeddings"), source=state["source"], scope=state["scope"], is_anchor=state["is_anchor"],
         ttl_tier=state["ttl_tier"], key_id=row["key_id"], workspace=state["workspace"],
         workspace_source=state["workspace_source"], agent_id=state["agent_id"], session_id=state["session_id"],
         case_id=state["case_id"], goal=state["goal"], outcome=state["outcome"], phase=state["phase"],

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from services.common.internal import ToolContext, parse_arguments
-from services.ingest.service import QUOTA_EXCEEDED, TOO_SHORT, WriteResources, build_fragment, check_quota, embedding_text, lock_quota
+from services.ingest.service import QUOTA_EXCEEDED, TOO_SHORT, WriteResources, build_fragment, check_quota, lock_quota
 from shared.contract.write import BatchRememberArgs, BatchStatusArgs, RememberArgs
 from shared.domain import fragment as frag
 from shared.domain.errors import InvalidParams
@@ -149,9 +149,7 @@ async def store_batch(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, ar
                 results[i] = _ok(i, known[key], idempotent=True)
         planned = [(i, f, key) for i, f, key in planned if key not in known]
     if planned:
-        vectors = await res.embed([embedding_text(f) for _, f, _ in planned])
-        for (_, f, _), vector in zip(planned, vectors, strict=True):
-            f.embedding = vector
+        await res.embed_fragments([f for _, f, _ in planned])
         async with res.pool.acquire() as conn:
             async with conn.transaction():
                 inserted = await _store(conn, principal, planned, results)

@@ -8,7 +8,7 @@ from typing import Any
 
 from services.common.internal import ToolContext, parse_arguments
 from services.ingest import batch
-from services.ingest.service import WriteResources, build_fragment, embedding_text
+from services.ingest.service import WriteResources, build_fragment
 from shared.contract.write import RememberArgs, ReflectArgs
 from shared.domain import fragment as frag
 from shared.domain.errors import InvalidParams
@@ -87,9 +87,7 @@ async def reflect(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, argume
     planned = [(i, f, None) for i, (_, _, f) in enumerate(flat)]
     task_feedback_id = None
     if planned:
-        vectors = await res.embed([embedding_text(f) for _, f, _ in planned])
-        for (_, f, _), vector in zip(planned, vectors, strict=True):
-            f.embedding = vector
+        await res.embed_fragments([f for _, f, _ in planned])
     async with res.pool.acquire() as conn, conn.transaction():
         inserted = await batch._store(conn, principal, planned, results) if planned else []
         if inserted:

@@ -15,7 +15,6 @@ from services.ingest.service import (
     WriteResources,
     build_fragment,
     check_quota,
-    embedding_text,
     lock_quota,
     workspace_not_allowed,
 )
@@ -74,7 +73,7 @@ async def remember(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, argum
             existing = await idempotency_repo.lookup(conn, principal.key_id, [args.idempotencyKey])
             if existing:
                 return {"success": True, "id": existing[args.idempotencyKey], "idempotent": True}, False
-        f.embedding = (await res.embed([embedding_text(f)]))[0]
+        await res.embed_fragments([f])
         conflicts = await conflicts_for(conn, principal, f)
         warnings = policy_warnings(res, args, f, conflicts, principal)
 

@@ -18,6 +18,7 @@ from shared.contract.write import RememberArgs
 from shared.domain import fragment as frag
 from shared.domain.errors import InvalidParams
 from shared.domain.keywords import merge_keywords
+from shared.domain.passages import embedding_inputs, split_vectors
 from shared.domain.principal import Principal
 from shared.domain.secrets import SecretFound, screen
 from shared.embeddings import Embedder
@@ -74,6 +75,19 @@ class WriteResources:
         out = np.empty((len(texts), self.embedder.dimensions), dtype=np.float32)
         out[order] = np.concatenate(parts)  # type: ignore[arg-type]
         return out
+
+    async def embed_content(self, items: list[tuple[str | None, str]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """For each (topic, content): its embedding and its passages' (shared.domain.passages),
+        all in one embed call."""
+        texts, spans = embedding_inputs(items)
+        return split_vectors(await self.embed(texts), spans)
+
+    async def embed_fragments(self, fragments: list[frag.NewFragment]) -> None:
+        """Sets each fragment's embedding and passage embeddings."""
+        for f, (vector, passage_vectors) in zip(
+            fragments, await self.embed_content([(f.topic, f.content) for f in fragments]), strict=True
+        ):
+            f.embedding, f.passage_embeddings = vector, passage_vectors
 
     def batch_queue(self) -> BatchQueue | None:
         return BatchQueue(self.redis) if self.redis is not None else None
@@ -161,10 +175,6 @@ def build_fragment(
     if screening.redacted:
         f.extra["secrets_redacted"] = screening.redacted
     return f
-
-
-def embedding_text(f: frag.NewFragment) -> str:
-    return f"{f.topic}: {f.content}" if f.topic else f.content
 
 
 async def after_commit(res: WriteResources, jobs: JobBuffer, celery: Any) -> None:

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.common.internal import ToolContext, parse_arguments
 from services.ingest.batch import Planned, _insert_isolated, _with_redactions, validate_item
-from services.ingest.service import WriteResources, build_fragment, embedding_text
+from services.ingest.service import WriteResources, build_fragment
 from shared.contract.write import RememberArgs
 from shared.domain import fragment as frag
 from shared.domain.errors import InvalidParams, PermissionDenied
@@ -156,9 +156,7 @@ async def import_fragments(res: WriteResources, jobs: JobBuffer, ctx: ToolContex
         fresh.sort(key=lambda p: p[0])
 
     if fresh:
-        vectors = await res.embed([embedding_text(f) for _, f, _ in fresh])
-        for (_, f, _), vector in zip(fresh, vectors, strict=True):
-            f.embedding = vector
+        await res.embed_fragments([f for _, f, _ in fresh])
         async with res.pool.acquire() as conn, conn.transaction():
             inserted = await _insert_isolated(conn, ctx.principal, fresh, results)
             if inserted:

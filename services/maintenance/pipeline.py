@@ -19,6 +19,7 @@ import asyncpg
 from prometheus_client import Counter, Histogram
 
 from shared.domain.dedup import CONTRADICTION_MIN, SEMANTIC_DUPLICATE_MIN, contradiction_signal, decide_merge
+from shared.domain.passages import embedding_inputs, split_vectors
 from shared.embeddings import Embedder
 from shared.llm import LLMBudget, LLMClient
 from shared.repositories import consolidation as repo
@@ -182,8 +183,8 @@ async def _backfill(ctx: CycleContext, conn: asyncpg.Connection, limit: int) -> 
     stored = 0
     for start in range(0, len(todo), EMBED_BATCH):
         chunk = todo[start:start + EMBED_BATCH]
-        vectors = embedder.embed([content for _, content in chunk])
-        stored += await repo.store_embeddings(conn, [i for i, _ in chunk], vectors)
+        texts, spans = embedding_inputs([(None, content) for _, content in chunk])
+        stored += await repo.store_embeddings(conn, [i for i, _ in chunk], split_vectors(embedder.embed(texts), spans))
     return {"processed": stored}
 
 

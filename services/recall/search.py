@@ -216,7 +216,8 @@ async def layered_search(
                 candidates.pop(fid)
     pool = Pool(candidates, {
         fid: PoolRow(r.id, r.tf, r.dl, r.cosine, r.importance, r.activation, r.age_days,
-                     *(links.get(fid) or (None, None)))
+                     *(links.get(fid) or (None, None)), passage_cosine=r.passage_cosine,
+                     names_label=not stats.idf.keys().isdisjoint(r.label_lexemes))
         for fid, r in rows.items()
     }, avgdl)
     hits = score(pool, stats.idf)

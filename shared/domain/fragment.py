@@ -83,6 +83,8 @@ class NewFragment:
     importance: float
     content_hash: str
     embedding: Any = None
+    # One vector per passage (shared.domain.passages), or None/empty for a one-sentence fragment.
+    passage_embeddings: Any = None
     source: str | None = None
     scope: str = "permanent"
     is_anchor: bool = False

@@ -12,6 +12,7 @@ import numpy as np
 
 from shared.domain import lifecycle as lc
 from shared.domain.principal import SqlParams
+from shared.repositories import fragments as fragments_repo
 from shared.repositories.maintenance import Tenant
 
 SAME_TENANT = "{a}.key_id IS NOT DISTINCT FROM {b}.key_id"
@@ -350,12 +351,15 @@ async def missing_embeddings(conn: asyncpg.Connection, tenant: Tenant, limit: in
     return [(r["id"], r["content"]) for r in rows]
 
 
-async def store_embeddings(conn: asyncpg.Connection, ids: list[str], vectors: np.ndarray) -> int:
-    # executemany: the pgvector codec encodes one vector per parameter, not vector[].
-    await conn.executemany(
-        "UPDATE fragments SET embedding = $2 WHERE id = $1 AND embedding IS NULL",
-        list(zip(ids, list(vectors), strict=True)),
-    )
+async def store_embeddings(conn: asyncpg.Connection, ids: list[str], vectors: list[tuple[np.ndarray, np.ndarray]]) -> int:
+    """Each fragment's embedding and passage embeddings (shared.domain.passages.split_vectors)."""
+    async with conn.transaction():
+        # executemany: the pgvector codec encodes one vector per parameter, not vector[].
+        await conn.executemany(
+            "UPDATE fragments SET embedding = $2 WHERE id = $1 AND embedding IS NULL",
+            [(i, v) for i, (v, _) in zip(ids, vectors, strict=True)],
+        )
+        await fragments_repo.replace_passages(conn, [(i, p) for i, (_, p) in zip(ids, vectors, strict=True)])
     return len(ids)
 
 

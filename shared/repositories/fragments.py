@@ -110,6 +110,37 @@ async def refresh_search_tsv(conn: asyncpg.Connection, fragment_id: str) -> None
 async def insert_many(conn: asyncpg.Connection, fragments: list[NewFragment]) -> None:
     if fragments:
         await conn.execute(_INSERT, *_insert_columns(fragments))
+        await _insert_passages(conn, [(f.id, f.passage_embeddings) for f in fragments])
+
+
+async def _insert_passages(conn: asyncpg.Connection, items: list[tuple[str, Any]]) -> None:
+    ids, ordinals, vectors = [], [], []
+    for fragment_id, passage_vectors in items:
+        for ordinal, vector in enumerate(passage_vectors if passage_vectors is not None else []):
+            ids.append(fragment_id)
+            ordinals.append(ordinal)
+            vectors.append(_vector(vector))
+    if ids:
+        await conn.execute(
+            "INSERT INTO fragment_passages (fragment_id, ordinal, embedding) "
+            "SELECT * FROM unnest($1::text[], $2::smallint[], $3::vector[])",
+            ids, ordinals, vectors,
+        )
+
+
+async def copy_passages(conn: asyncpg.Connection, source_id: str, target_id: str) -> None:
+    await conn.execute(
+        "INSERT INTO fragment_passages (fragment_id, ordinal, embedding) "
+        "SELECT $2, ordinal, embedding FROM fragment_passages WHERE fragment_id = $1",
+        source_id, target_id,
+    )
+
+
+async def replace_passages(conn: asyncpg.Connection, items: list[tuple[str, Any]]) -> None:
+    """The fragments' passage vectors after their content (and so their embedding) changed."""
+    if items:
+        await conn.execute("DELETE FROM fragment_passages WHERE fragment_id = ANY($1::text[])", [i for i, _ in items])
+        await _insert_passages(conn, items)
 
 
 def filter_clauses(principal: Principal, flt: FragmentFilter, params: SqlParams, alias: str = "f") -> list[str]:
@@ -314,4 +345,5 @@ async def refresh_statistics_if_young(conn: asyncpg.Connection, inserted: int) -
         return False
     await conn.execute("ANALYZE fragments")
     await conn.execute("ANALYZE fragment_terms")
+    await conn.execute("ANALYZE fragment_passages")
     return True

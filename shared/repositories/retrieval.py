@@ -12,6 +12,7 @@ import numpy as np
 
 from shared.domain.principal import Principal, SqlParams, read_scope
 from shared.domain.keywords import STOPWORDS
+from shared.domain.passages import LEAD_MAX, label_of
 from shared.domain.search import FragmentFilter
 from shared.repositories.fragments import filter_clauses
 
@@ -223,6 +224,27 @@ class PooledFragment:
     importance: float
     activation: float
     age_days: float
+    passage_cosine: float | None = None  # the best of its passages', if it has any
+    label: str = ""  # shared.domain.passages.label_of
+    label_lexemes: tuple[str, ...] = ()
+
+
+# Lexemes of fragment labels (shared.domain.passages.label_of), by label: a store's labels
+# are few (its speakers, its subjects) and each is analysed once per process.
+_LABEL_LEXEMES: dict[str, tuple[str, ...]] = {}
+LABEL_CACHE_MAX = 10_000
+
+
+async def label_lexemes(conn: asyncpg.Connection, labels: set[str]) -> dict[str, tuple[str, ...]]:
+    missing = [label for label in labels if label not in _LABEL_LEXEMES]
+    if missing:
+        if len(_LABEL_LEXEMES) + len(missing) > LABEL_CACHE_MAX:
+            _LABEL_LEXEMES.clear()
+        for r in await conn.fetch(
+            "SELECT l, tsvector_to_array(to_tsvector('english', l)) AS lexemes FROM unnest($1::text[]) l", missing
+        ):
+            _LABEL_LEXEMES[r["l"]] = tuple(r["lexemes"])
+    return {label: _LABEL_LEXEMES.get(label, ()) for label in labels}
 
 
 async def pool_rows(
@@ -235,13 +257,19 @@ async def pool_rows(
     params = SqlParams()
     scope = read_scope(principal, params)
     id_list = params.add(ids)
-    cosine = "NULL::float8"
+    cosine = passage_cosine = "NULL::float8"
     if embedding is not None:
-        cosine = f"1 - (f.embedding <=> {params.add(embedding)})"
+        vec = params.add(embedding)
+        cosine = f"1 - (f.embedding <=> {vec})"
+        passage_cosine = f"(SELECT max(1 - (p.embedding <=> {vec})) FROM fragment_passages p WHERE p.fragment_id = f.id)"
+    # Passages are read only while the fragment's own embedding is current (a content change
+    # clears the embedding until the backfill replaces both).
     sql = f"""
         SELECT f.id, f.importance, f.ema_activation, length(f.search_tsv) AS dl,
                extract(epoch FROM now() - f.created_at) / 86400.0 AS age_days,
-               CASE WHEN f.embedding IS NULL THEN NULL ELSE {cosine} END AS cosine
+               CASE WHEN f.embedding IS NULL THEN NULL ELSE {cosine} END AS cosine,
+               CASE WHEN f.embedding IS NULL THEN NULL ELSE {passage_cosine} END AS passage_cosine,
+               left(f.content, {LEAD_MAX + 1}) AS head
         FROM fragments f WHERE f.id = ANY({id_list}::text[]) AND {scope}
     """
     out = {}
@@ -249,7 +277,11 @@ async def pool_rows(
         out[r["id"]] = PooledFragment(
             r["id"], {}, int(r["dl"]), None if r["cosine"] is None else float(r["cosine"]),
             float(r["importance"]), float(r["ema_activation"]), float(r["age_days"]),
+            None if r["passage_cosine"] is None else float(r["passage_cosine"]), label_of(r["head"]),
         )
+    lexemes = await label_lexemes(conn, {row.label for row in out.values() if row.label})
+    for row in out.values():
+        row.label_lexemes = lexemes.get(row.label, ())
     # Only the rows the scope let through are asked for.
     for fid, counts in (await term_counts(conn, list(out), terms)).items():
         out[fid].tf = counts

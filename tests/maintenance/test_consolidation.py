@@ -120,6 +120,8 @@ async def test_tiers_then_gc_with_grace_and_utility(mstack, db, embedder, produc
 async def test_backfill_activation_co_retrieval_and_sessions(mstack, db, embedder, producer) -> None:
     _, key = await new_key(mstack.database_url)
     bare = await add_fragment(db, embedder, "The search indexer reindexes every night at 02:00.", key_id=key, embed=False)
+    long = await add_fragment(db, embedder, "Indexer: It reindexes at 02:00. It reads the replica. It takes ten minutes.",
+                              key_id=key, embed=False)
     hot = await add_fragment(db, embedder, "Runbook: restart the indexer with make reindex.", key_id=key, age_days=20,
                              accessed_days_ago=14, ema_activation=0.8)
     x = await add_fragment(db, embedder, "The indexer reads from the orders replica.", key_id=key, topic="search")
@@ -136,6 +138,9 @@ async def test_backfill_activation_co_retrieval_and_sessions(mstack, db, embedde
                          stages=["embedding_backfill", "activation_decay", "co_retrieval", "session_cleanup"])
     assert run["status"] == "succeeded", run
     assert (await fragment(db, bare))["embedding"] is not None
+    # with its passages (shared.domain.passages): three sentences, two passages
+    assert await db.fetchval("SELECT count(*) FROM fragment_passages WHERE fragment_id = $1", long) == 2
+    assert await db.fetchval("SELECT count(*) FROM fragment_passages WHERE fragment_id = $1", bare) == 0
     assert (await fragment(db, hot))["ema_activation"] == pytest.approx(0.2, abs=0.01)  # two half-lives of 7 days
     co = await links(db, [x, y], "co_retrieved")
     assert len(co) == 1 and co[0]["key_id"] == key

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from services.recall import fusion
 from services.recall.fusion import Pool, PoolRow
+from shared.domain import passages
 from shared.domain.search import RankedHit
 
 
@@ -39,3 +42,53 @@ def test_expansion_needs_evidence_and_weight() -> None:
     assert fusion.expansion({"rollback": 0.4}, {"rollback": 1}, 100) == {}  # in one fragment only
     extra = fusion.expansion({"rollback": 0.4, "canary": 0.2}, {"rollback": 5, "canary": 50}, 100)
     assert set(extra) == {"rollback", "canary"} and extra["rollback"] > extra["canary"] > 0
+
+
+def test_best_passage_similarity_lifts_a_long_fragment() -> None:
+    # Same words, same whole-fragment cosine; one of long's passages is much closer to the
+    # query than the fragment as a whole: it ranks first, and without passages it would not.
+    rows = {
+        "short": _row("short", {"deploy": 1}, 0.40),
+        "long": _row("long", {"deploy": 1}, 0.38),
+        "other": _row("other", {}, 0.10),
+    }
+    pool = Pool({"short": {"L2"}, "long": {"L2"}, "other": {"L3"}}, rows, avgdl=10.0)
+    assert [h.id for h in fusion.score(pool, {"deploy": 1.0})][0] == "short"
+    rows["long"].passage_cosine = 0.70
+    assert rows["long"].similarity == pytest.approx((1 - fusion.PASSAGE_MIX) * 0.38 + fusion.PASSAGE_MIX * 0.70)
+    assert [h.id for h in fusion.score(pool, {"deploy": 1.0})][0] == "long"
+
+
+def test_a_query_naming_the_label_outranks_the_same_words_elsewhere() -> None:
+    rows = {
+        "said": _row("said", {"melani": 1}, 0.30),
+        "about": _row("about", {"melani": 1}, 0.31),
+        "other": _row("other", {}, 0.10),
+    }
+    pool = Pool({"said": {"L2"}, "about": {"L2"}, "other": {"L3"}}, rows, avgdl=10.0)
+    assert [h.id for h in fusion.score(pool, {"melani": 1.0})][0] == "about"
+    rows["said"].names_label = True  # "Melanie: ..." rather than "... Melanie ..."
+    scored = {h.id: h.score for h in fusion.score(pool, {"melani": 1.0})}
+    assert max(scored, key=scored.__getitem__) == "said"
+    # bounded: a field match orders near-ties, it does not carry an unrelated fragment
+    assert scored["said"] - scored["about"] < fusion.LABEL_WEIGHT
+
+
+def test_passages_pair_sentences_under_the_lead_and_labels_drop_the_stamp() -> None:
+    content = "[1:14 pm on 25 May, 2023] Melanie: Hi! I went camping. It was fun. The kids loved it. Bye."
+    lead = "[1:14 pm on 25 May, 2023] Melanie:"
+    assert passages.passages(content) == [
+        f"{lead} Hi! I went camping.", f"{lead} It was fun. The kids loved it.", f"{lead} Bye.",
+    ]
+    assert passages.label_of(content) == "Melanie"
+    assert passages.label_of("Decision: move billing to Postgres. Owner: Alice.") == "Decision"
+    assert passages.label_of("No label in this one.") == ""
+    assert passages.label_of("x" * 200 + ": too far in") == ""
+    # one or two sentences: the fragment is its own passage
+    assert passages.passages("Decision: move billing. Owner: Alice.") == []
+    assert passages.passages("One sentence only") == []
+    many = passages.passages(" ".join(f"Sentence {i}." for i in range(40)))
+    assert len(many) == passages.MAX_PASSAGES and many[0] == "Sentence 0. Sentence 1. Sentence 2. Sentence 3. Sentence 4."
+    texts, spans = passages.embedding_inputs([("ops", content), (None, "Short one.")])
+    assert texts[:2] == [f"ops: {content}", "Short one."] and spans == [(2, 3), (5, 0)]
+    assert texts[2:] == passages.passages(content)

@@ -5,6 +5,7 @@ what the caller may read."""
 from __future__ import annotations
 
 import asyncpg
+import numpy as np
 import pytest
 from pgvector.asyncpg import register_vector
 
@@ -87,3 +88,58 @@ async def test_lexical_layer_scopes_postings_to_the_workspace_plus_global(stack:
     # Unscoped: every workspace of the tenant, still not the other tenant.
     everywhere, _ = await retrieval.bm25_candidates(conn, principal, FragmentFilter(), stats, dfs, 10)
     assert {i for i, _ in everywhere} == {inside["id"], glob["id"], away["id"]}
+
+
+async def test_passages_follow_the_content_and_pool_rows_read_the_best_one(stack: Stack, conn: asyncpg.Connection) -> None:
+    """A multi-sentence fragment is stored with its passage vectors (shared.domain.passages)
+    by every write path; they are replaced when an amend changes the content, carried over
+    when a supersede keeps it, and gone with the fragment. pool_rows returns the best
+    passage's cosine and the label."""
+    from shared.domain import passages
+    from tests.support import call, create_api_key, mcp_session
+
+    key, key_id = await create_api_key(stack.database_url)
+    ws = unique()
+    long = ("[9:00 am on 3 May, 2024] Melanie: We went camping by the lake last weekend. The kids loved the canoe. "
+            "I finished a pottery bowl on Sunday. Work has been busy.")
+    short = "[9:05 am on 3 May, 2024] Caroline: That sounds like a lovely weekend."
+    async with mcp_session(stack.mcp_url, key) as s:
+        fid = (await call(s, "remember", {"content": long, "topic": "chat", "type": "episode", "workspace": ws}))["id"]
+        batch = await call(s, "batch_remember", {"workspace": ws, "fragments": [
+            {"content": short, "topic": "chat", "type": "episode"}, {"content": long + " Bye.", "topic": "chat", "type": "episode"}]})
+    short_id, batch_long = (r["id"] for r in batch["results"])
+
+    async def stored(fragment_id: str) -> list:  # type: ignore[type-arg]
+        return [r["embedding"] for r in await conn.fetch(
+            "SELECT embedding FROM fragment_passages WHERE fragment_id = $1 ORDER BY ordinal", fragment_id)]
+
+    embedder = load_embedder()
+    expected = embedder.embed(passages.passages(long))
+    got = await stored(fid)
+    assert len(got) == len(expected) == 2
+    for vector, want in zip(got, expected, strict=True):
+        assert float(np.dot(vector.to_numpy() if hasattr(vector, "to_numpy") else vector, want)) > 0.999
+    assert await stored(short_id) == []  # one sentence: its own embedding is its passage
+    assert len(await stored(batch_long)) == 3
+
+    query = embedder.embed(["who made a pottery bowl?"])[0]
+    principal = Principal(key_id=key_id, visible_key_ids=(key_id,))
+    rows = await retrieval.pool_rows(conn, principal, [fid, short_id], [], query)
+    best = max(float(np.dot(query, v)) for v in expected)
+    assert rows[fid].passage_cosine == pytest.approx(best, abs=1e-4)
+    assert rows[fid].passage_cosine > rows[fid].cosine  # the bowl sentence beats the whole turn
+    assert rows[short_id].passage_cosine is None
+    assert (rows[fid].label, rows[fid].label_lexemes) == ("Melanie", ("melani",))
+    assert rows[short_id].label == "Caroline"
+    stranger = Principal(key_id="nobody", visible_key_ids=("nobody",))
+    assert await retrieval.pool_rows(conn, stranger, [fid], [], query) == {}
+
+    async with mcp_session(stack.mcp_url, key) as s:
+        await call(s, "amend", {"id": fid, "content": "Melanie: One line now. And a second. And a third. And a fourth. And a fifth."})
+        assert len(await stored(fid)) == 3
+        await call(s, "amend", {"id": fid, "content": "Melanie: Just one line now."})
+        assert await stored(fid) == []
+        successor = (await call(s, "amend", {"id": batch_long, "importance": 0.9, "supersedes": True}))["id"]
+        assert len(await stored(successor)) == 3 and len(await stored(batch_long)) == 3
+        await call(s, "forget", {"id": successor})
+    assert await stored(successor) == []
