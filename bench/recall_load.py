@@ -27,6 +27,7 @@ from bench.recall_bench import WARMUP, time_queries
 from shared.db import SEARCH_PATH
 from shared.domain.fragment import NewFragment
 from shared.domain.keywords import merge_keywords
+from shared.domain.passages import passages
 from shared.embeddings import load_embedder
 from shared.repositories import fragments as fragments_repo
 
@@ -44,6 +45,16 @@ def _vectors(embedder, texts: list[str], share: float, rng: np.random.Generator,
     for _ in texts[real_n:]:
         base = pool[int(rng.integers(len(pool)))]
         v = base + rng.normal(0, 0.03, base.shape).astype(np.float32)
+        out.append(v / np.linalg.norm(v))
+    return out
+
+
+def _passage_vectors(content: str, vector: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
+    """Rows for the fragment's passages as a write would store them (how many is what recall's
+    cost depends on); their vectors are the fragment's perturbed, without model time."""
+    out = []
+    for _ in passages(content):
+        v = vector + rng.normal(0, 0.05, vector.shape).astype(np.float32)
         out.append(v / np.linalg.norm(v))
     return out
 
@@ -69,6 +80,7 @@ async def bulk_load(database_url: str, memories: list, namespace: str, embed_sha
                     id=fid, content=f["content"], topic=f["topic"], type=f["type"],
                     keywords=merge_keywords(f.get("keywords"), f["content"]), importance=f["importance"],
                     content_hash=hashlib.sha256(f["content"].encode()).hexdigest(), embedding=vec,
+                    passage_embeddings=_passage_vectors(f["content"], vec, rng),
                     workspace=f["workspace"], workspace_source="explicit", session_id=session,
                 ))
             async with conn.transaction():
@@ -79,7 +91,8 @@ async def bulk_load(database_url: str, memories: list, namespace: str, embed_sha
                     "DELETE FROM fragment_link_pending WHERE fragment_id = ANY($1::text[])", [r.id for r in rows]
                 )
             print(f"  loaded {start + len(chunk)}/{len(memories)} ({time.perf_counter() - began:.0f} s)", flush=True)
-        await conn.execute("ANALYZE fragments")
+        for table in ("fragments", "fragment_terms", "fragment_passages"):
+            await conn.execute(f"ANALYZE {table}")
     finally:
         await conn.close()
     return ids, time.perf_counter() - began

@@ -18,6 +18,8 @@ import re
 from typing import Any
 
 LEAD_MAX = 120
+# A label names (a speaker, a service, "User preference"); a longer lead is a clause.
+LABEL_WORDS = 4
 SENTENCES_PER_PASSAGE = 2
 # Long content is cut into at most this many passages, bounding the extra embedding work of
 # a write (a fragment's content is at most a few thousand characters).
@@ -28,9 +30,11 @@ _BREAK = re.compile(r"(?<=[.!?\u3002\uff01\uff1f])\s+|\n+")
 
 def lead_of(content: str) -> str:
     """`[date] Melanie:` of `[date] Melanie: text`: the text before the first ": " if that is
-    within LEAD_MAX characters, with its colon; else ""."""
+    within LEAD_MAX characters and not a sentence of its own (`It failed. Owner: Alice.` has
+    none), with its colon; else ""."""
     colon = content.find(": ")
-    return content[: colon + 1] if 0 < colon < LEAD_MAX else ""
+    lead = content[: colon + 1] if 0 < colon < LEAD_MAX else ""
+    return "" if _BREAK.search(lead) else lead
 
 
 def label_of(content: str) -> str:
@@ -38,7 +42,7 @@ def label_of(content: str) -> str:
     (`Melanie` of `[1:14 pm on 25 May, 2023] Melanie: ...`, `Decision` of `Decision: ...`).
     Only the first LEAD_MAX + 1 characters are needed."""
     label = _STAMP.sub("", lead_of(content)[:-1]).strip()
-    return label if ":" not in label else ""
+    return label if ":" not in label and len(label.split()) <= LABEL_WORDS else ""
 
 
 def passages(content: str) -> list[str]:

@@ -84,6 +84,9 @@ def test_passages_pair_sentences_under_the_lead_and_labels_drop_the_stamp() -> N
     assert passages.label_of("Decision: move billing to Postgres. Owner: Alice.") == "Decision"
     assert passages.label_of("No label in this one.") == ""
     assert passages.label_of("x" * 200 + ": too far in") == ""
+    assert passages.label_of("Moved billing to Postgres because of the locks. Owner: Alice.") == ""
+    assert passages.label_of("The team that owns the billing service: platform.") == ""  # a clause, not a name
+    assert passages.passages("Moved billing. It was slow. Owner: Alice. Done.") == ["Moved billing. It was slow.", "Owner: Alice. Done."]
     # one or two sentences: the fragment is its own passage
     assert passages.passages("Decision: move billing. Owner: Alice.") == []
     assert passages.passages("One sentence only") == []
