@@ -143,3 +143,85 @@ async def test_passages_follow_the_content_and_pool_rows_read_the_best_one(stack
         assert len(await stored(successor)) == 3 and len(await stored(batch_long)) == 3
         await call(s, "forget", {"id": successor})
     assert await stored(successor) == []
+
+
+async def test_a_query_naming_a_label_gets_the_field_bonus_in_the_layered_search(
+    stack: Stack, conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wiring from pool_rows' label through to the ranking: the fragment whose label the
+    query names scores exactly LABEL_WEIGHT more than without the field, the others the same
+    (a keyword query: no feedback round, so both runs rank the same pool)."""
+    from services.recall import fusion
+    from services.recall.search import DocumentFrequencies, SearchRequest, layered_search
+    from tests.support import call, create_api_key, mcp_session
+
+    key, key_id = await create_api_key(stack.database_url)
+    ws, topic = unique(), unique()
+    async with mcp_session(stack.mcp_url, key) as s:
+        reply = await call(s, "batch_remember", {"workspace": ws, "fragments": [
+            {"content": "Priya: the migration finished on Tuesday.", "topic": topic, "type": "fact"},
+            {"content": "Marco: the migration of Priya's service is next.", "topic": topic, "type": "fact"},
+        ]})
+    said, about = (r["id"] for r in reply["results"])
+    principal = Principal(key_id=key_id, visible_key_ids=(key_id,))
+
+    async def scores() -> dict[str, float]:
+        req = SearchRequest(text=None, keywords=["priya", "migration"], vector=None, semantic_label="L3kw",
+                            threshold=None, filter_only=False)
+        # its own topic: closing the session writes reflected fragments into the workspace
+        outcome = await layered_search(conn, principal, FragmentFilter(workspace=ws, topic=topic), req, 4, DocumentFrequencies())
+        return {h.id: h.score for h in outcome.hits}
+
+    with_field = await scores()
+    monkeypatch.setattr(fusion, "LABEL_WEIGHT", 0.0)
+    without = await scores()
+    assert set(with_field) == set(without) == {said, about}
+    assert with_field[said] - without[said] == pytest.approx(0.2)
+    assert with_field[about] == pytest.approx(without[about])
+
+
+async def test_best_passage_enters_the_layered_search(
+    stack: Stack, conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pool_rows' best-passage cosine reaches the ranking: with PASSAGE_MIX at 0 the semantic
+    feature is the whole-fragment cosine and the scores change (keywords + vector, no
+    feedback round, so both runs rank the same pool)."""
+    from services.recall import fusion
+    from services.recall.search import DocumentFrequencies, SearchRequest, layered_search
+    from tests.support import call, create_api_key, mcp_session
+
+    key, key_id = await create_api_key(stack.database_url)
+    ws, topic = unique(), unique()
+    async with mcp_session(stack.mcp_url, key) as s:
+        reply = await call(s, "batch_remember", {"workspace": ws, "fragments": [
+            {"content": "Ops: The nightly backup runs at 02:00. Restores take forty minutes. The pager rotates weekly.",
+             "topic": topic, "type": "fact"},
+            {"content": "Ops: the backup bucket lives in the second region.", "topic": topic, "type": "fact"},
+            {"content": "Ops: the backup job is owned by the platform team.", "topic": topic, "type": "fact"},
+            {"content": "Ops: backups are encrypted with a key from the KMS.", "topic": topic, "type": "fact"},
+        ]})
+    ids = [r["id"] for r in reply["results"]]
+    principal = Principal(key_id=key_id, visible_key_ids=(key_id,))
+    query = load_embedder().embed(["how long does a restore take"])[0]
+
+    async def scores() -> dict[str, float]:
+        async def vector() -> np.ndarray:
+            return query
+
+        req = SearchRequest(text=None, keywords=["backup"], vector=vector(), semantic_label="L3kw",
+                            threshold=None, filter_only=False)
+        # its own topic: closing the session writes reflected fragments into the workspace
+        outcome = await layered_search(conn, principal, FragmentFilter(workspace=ws, topic=topic), req, 4, DocumentFrequencies())
+        return {h.id: h.score for h in outcome.hits}
+
+    with_passages = await scores()
+    monkeypatch.setattr(fusion, "PASSAGE_MIX", 0.0)
+    without = await scores()
+    assert set(with_passages) == set(without) == set(ids)
+    # The restore sentence is closer to the question than the three-sentence fragment as a
+    # whole, so its semantic feature rises; z-scored over the pool (mean 0 either way) that
+    # lifts it against the pool's mean score.
+    def lead(scores: dict[str, float]) -> float:
+        return scores[ids[0]] - sum(scores.values()) / len(scores)
+
+    assert lead(with_passages) > lead(without) + 1e-6
