@@ -4,6 +4,8 @@ what the caller may read."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+
 import asyncpg
 import numpy as np
 import pytest
@@ -145,6 +147,24 @@ async def test_passages_follow_the_content_and_pool_rows_read_the_best_one(stack
     assert await stored(successor) == []
 
 
+async def _keyword_scores(
+    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, keywords: list[str], vector: np.ndarray | None = None
+) -> dict[str, float]:
+    """The layered search's scores for a keyword query (no feedback round: two runs over the
+    same fragments rank the same pool). Callers filter on a topic of their own: closing an
+    MCP session writes reflected fragments into the workspace."""
+    from services.recall.search import DocumentFrequencies, SearchRequest, layered_search
+
+    async def embedded() -> np.ndarray:
+        assert vector is not None
+        return vector
+
+    req = SearchRequest(text=None, keywords=keywords, vector=embedded() if vector is not None else None,
+                        semantic_label="L3kw", threshold=None, filter_only=False)
+    outcome = await layered_search(conn, principal, flt, req, 4, DocumentFrequencies())
+    return {h.id: h.score for h in outcome.hits}
+
+
 async def test_a_query_naming_a_label_gets_the_field_bonus_in_the_layered_search(
     stack: Stack, conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -152,7 +172,6 @@ async def test_a_query_naming_a_label_gets_the_field_bonus_in_the_layered_search
     query names scores exactly LABEL_WEIGHT more than without the field, the others the same
     (a keyword query: no feedback round, so both runs rank the same pool)."""
     from services.recall import fusion
-    from services.recall.search import DocumentFrequencies, SearchRequest, layered_search
     from tests.support import call, create_api_key, mcp_session
 
     key, key_id = await create_api_key(stack.database_url)
@@ -165,12 +184,8 @@ async def test_a_query_naming_a_label_gets_the_field_bonus_in_the_layered_search
     said, about = (r["id"] for r in reply["results"])
     principal = Principal(key_id=key_id, visible_key_ids=(key_id,))
 
-    async def scores() -> dict[str, float]:
-        req = SearchRequest(text=None, keywords=["priya", "migration"], vector=None, semantic_label="L3kw",
-                            threshold=None, filter_only=False)
-        # its own topic: closing the session writes reflected fragments into the workspace
-        outcome = await layered_search(conn, principal, FragmentFilter(workspace=ws, topic=topic), req, 4, DocumentFrequencies())
-        return {h.id: h.score for h in outcome.hits}
+    def scores() -> Awaitable[dict[str, float]]:
+        return _keyword_scores(conn, principal, FragmentFilter(workspace=ws, topic=topic), ["priya", "migration"])
 
     with_field = await scores()
     monkeypatch.setattr(fusion, "LABEL_WEIGHT", 0.0)
@@ -187,7 +202,6 @@ async def test_best_passage_enters_the_layered_search(
     feature is the whole-fragment cosine and the scores change (keywords + vector, no
     feedback round, so both runs rank the same pool)."""
     from services.recall import fusion
-    from services.recall.search import DocumentFrequencies, SearchRequest, layered_search
     from tests.support import call, create_api_key, mcp_session
 
     key, key_id = await create_api_key(stack.database_url)
@@ -204,15 +218,8 @@ async def test_best_passage_enters_the_layered_search(
     principal = Principal(key_id=key_id, visible_key_ids=(key_id,))
     query = load_embedder().embed(["how long does a restore take"])[0]
 
-    async def scores() -> dict[str, float]:
-        async def vector() -> np.ndarray:
-            return query
-
-        req = SearchRequest(text=None, keywords=["backup"], vector=vector(), semantic_label="L3kw",
-                            threshold=None, filter_only=False)
-        # its own topic: closing the session writes reflected fragments into the workspace
-        outcome = await layered_search(conn, principal, FragmentFilter(workspace=ws, topic=topic), req, 4, DocumentFrequencies())
-        return {h.id: h.score for h in outcome.hits}
+    def scores() -> Awaitable[dict[str, float]]:
+        return _keyword_scores(conn, principal, FragmentFilter(workspace=ws, topic=topic), ["backup"], query)
 
     with_passages = await scores()
     monkeypatch.setattr(fusion, "PASSAGE_MIX", 0.0)
