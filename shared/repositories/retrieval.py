@@ -298,8 +298,16 @@ async def term_counts(conn: asyncpg.Connection, ids: list[str], terms: list[str]
     ~70 us a fragment: 20 ms for a 300-fragment pool, against ~3 ms for the flat rows.)"""
     if not ids or not terms:
         return {}
+    # One primary-key probe per fragment, spelled as a lateral join so that no plan can do
+    # otherwise: written as `fragment_id = ANY($1) AND term = ANY($2)`, the generic plan a
+    # prepared statement switches to after five runs scans every posting of the terms in the
+    # whole store and filters by id (LoCoMo pools on a store holding six copies of the
+    # conversations: 2.6 -> 33 ms per call; this form: 2.1 ms either way).
     rows = await conn.fetch(
-        "SELECT fragment_id, term, tf FROM fragment_terms WHERE fragment_id = ANY($1::text[]) AND term = ANY($2::text[])",
+        """
+        SELECT i.id AS fragment_id, t.term, t.tf FROM unnest($1::text[]) AS i(id)
+        CROSS JOIN LATERAL (SELECT term, tf FROM fragment_terms WHERE fragment_id = i.id AND term = ANY($2::text[])) t
+        """,
         ids, terms,
     )
     out: dict[str, dict[str, int]] = {}
