@@ -43,20 +43,20 @@ def _vectors(embedder, texts: list[str], share: float, rng: np.random.Generator,
     pool.extend(real[:200])
     out = real
     for _ in texts[real_n:]:
-        base = pool[int(rng.integers(len(pool)))]
-        v = base + rng.normal(0, 0.03, base.shape).astype(np.float32)
-        out.append(v / np.linalg.norm(v))
+        out.append(_near(pool[int(rng.integers(len(pool)))], 0.03, rng))
     return out
+
+
+def _near(base: np.ndarray, spread: float, rng: np.random.Generator) -> np.ndarray:
+    """A unit vector near `base`: the same clustered distribution as real ones, no model time."""
+    v = base + rng.normal(0, spread, base.shape).astype(np.float32)
+    return v / np.linalg.norm(v)
 
 
 def _passage_vectors(content: str, vector: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
     """Rows for the fragment's passages as a write would store them (how many is what recall's
     cost depends on); their vectors are the fragment's perturbed, without model time."""
-    out = []
-    for _ in passages(content):
-        v = vector + rng.normal(0, 0.05, vector.shape).astype(np.float32)
-        out.append(v / np.linalg.norm(v))
-    return out
+    return [_near(vector, 0.05, rng) for _ in passages(content)]
 
 
 async def bulk_load(database_url: str, memories: list, namespace: str, embed_share: float) -> tuple[list[str], float]:
