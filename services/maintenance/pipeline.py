@@ -19,7 +19,7 @@ import asyncpg
 from prometheus_client import Counter, Histogram
 
 from shared.domain.dedup import CONTRADICTION_MIN, SEMANTIC_DUPLICATE_MIN, contradiction_signal, decide_merge
-from shared.domain.passages import embedding_inputs, split_vectors
+from shared.domain.passages import embedding_inputs, passages, split_vectors
 from shared.embeddings import Embedder
 from shared.llm import LLMBudget, LLMClient
 from shared.repositories import consolidation as repo
@@ -188,6 +188,25 @@ async def _backfill(ctx: CycleContext, conn: asyncpg.Connection, limit: int) -> 
     return {"processed": stored}
 
 
+async def _passage_backfill(ctx: CycleContext, conn: asyncpg.Connection, limit: int) -> dict[str, Any]:
+    """Passages for fragments stored before they existed (queued once by migration 0012).
+    Everything is embedded before anything is written, so the rows are locked only for the
+    one write at the end."""
+    todo = await repo.passage_backlog(conn, ctx.tenant, limit)
+    if not todo:
+        return {"processed": 0}
+    parts = [passages(content) for _, content in todo]
+    texts = [text for part in parts for text in part]
+    embedder = ctx.embedder() if texts else None
+    vectors = [v for start in range(0, len(texts), EMBED_BATCH) for v in embedder.embed(texts[start:start + EMBED_BATCH])]
+    items, at = [], 0
+    for (fid, content), part in zip(todo, parts, strict=True):
+        items.append((fid, content, vectors[at:at + len(part)]))
+        at += len(part)
+    stored = await repo.store_backfilled_passages(conn, items)
+    return {"processed": stored, "checked": len(todo)}
+
+
 async def _activation(ctx: CycleContext, conn: asyncpg.Connection, limit: int) -> dict[str, Any]:
     return await repo.decay_activation(conn, ctx.tenant, limit)
 
@@ -232,6 +251,8 @@ async def _anomaly_scan(ctx: CycleContext, conn: asyncpg.Connection, limit: int)
 # stage keep a backlog cycle under a minute while a steady-state cycle takes ~9 s.
 STAGES: tuple[Stage, ...] = (
     Stage("embedding_backfill", _backfill, 2_000, "embed fragments stored without an embedding"),
+    # ~4 passages a fragment: 2,000 fragments are ~15-50 s of the model on 2 cores.
+    Stage("passage_backfill", _passage_backfill, 2_000, "embed the passages of fragments stored before passages existed"),
     # Decay before tiers: the tier rules read the decayed importance, so a rerun is a no-op.
     Stage("importance_decay", _decay, 10_000, "decay importance by type half-life since last decay; anchors exempt"),
     Stage("activation_decay", _activation, 10_000, "decay ema_activation since last decay or access"),

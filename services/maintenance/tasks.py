@@ -40,11 +40,13 @@ def consolidate(run_id: int | None = None, tenant: str | None = None, stages: li
 
 @app.task(name="maintenance.embedding_backfill", autoretry_for=RETRYABLE, **RETRY)
 def embedding_backfill() -> dict[str, Any]:
-    """The backfill stage alone, more often than the full cycle (a fragment stored while the
-    model was unavailable should not wait 6 hours to become searchable by meaning)."""
+    """The backfill stages alone, more often than the full cycle (a fragment stored while the
+    model was unavailable should not wait 6 hours to become searchable by meaning; the
+    passages of fragments stored before they existed drain 2,000 fragments a run)."""
     rt = runtime()
     return rt.run(lambda _pool: service.consolidate(
-        rt, run_id=None, tenant="all", stages=["embedding_backfill"], scheduled=True, job="embedding_backfill"
+        rt, run_id=None, tenant="all", stages=["embedding_backfill", "passage_backfill"], scheduled=True,
+        job="embedding_backfill",
     ))
 
 

@@ -9,7 +9,7 @@ from shared.contract.spec import ToolSpec
 # The stage names of the consolidation cycle (services/maintenance/pipeline.py STAGES);
 # repeated here because the contract must not import the worker.
 CONSOLIDATION_STAGES = (
-    "embedding_backfill", "ttl_tiers", "importance_decay", "activation_decay", "expiry_gc", "exact_dedup",
+    "embedding_backfill", "passage_backfill", "ttl_tiers", "importance_decay", "activation_decay", "expiry_gc", "exact_dedup",
     "semantic_dedup", "contradictions", "supersession", "co_retrieval", "session_cleanup", "anomalies",
 )
 
@@ -29,7 +29,7 @@ MAINTENANCE_TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "memory_consolidate",
         "Run the maintenance cycle now: TTL tier transitions, importance decay, expiry, duplicate merge "
-        "(with the safety gate), contradiction links, supersession, embedding backfill, co-retrieval links, "
+        "(with the safety gate), contradiction links, supersession, embedding and passage backfill, co-retrieval links, "
         "session cleanup, anomaly scan. Returns what each stage did, or {queued, runId} if it is still "
         "running. The scheduler runs the same cycle every 6 hours.",
         MemoryConsolidateArgs, "ingest", ("consolidate", "maintenance"), "admin", True, requires_master=False,

@@ -363,6 +363,48 @@ async def store_embeddings(conn: asyncpg.Connection, ids: list[str], vectors: li
     return len(ids)
 
 
+async def passage_backlog(conn: asyncpg.Connection, tenant: Tenant, limit: int) -> list[tuple[str, str]]:
+    """Queued fragments (migration 0012: stored before passages existed) in the tenant."""
+    params = SqlParams()
+    scope = tenant.clause(params)
+    rows = await conn.fetch(
+        f"""
+        SELECT f.id, f.content FROM passage_backfill q JOIN fragments f ON f.id = q.fragment_id
+        WHERE {scope} ORDER BY q.fragment_id LIMIT {params.add(limit)}
+        """,
+        *params.values,
+    )
+    return [(r["id"], r["content"]) for r in rows]
+
+
+async def store_backfilled_passages(conn: asyncpg.Connection, items: list[tuple[str, str, Any]]) -> int:
+    """(id, the content embedded, its passage vectors): rows for each fragment whose content
+    is still that content and that has no passages yet; every item leaves the queue. The
+    fragments are locked FOR SHARE: an amend that commits first changes the content (its own
+    passages win; the recheck drops ours), one that comes later waits for this transaction
+    and replaces ours. Returns how many fragments got passages."""
+    ids, ordinals, vectors = fragments_repo.passage_columns([(i, p) for i, _, p in items])
+    async with conn.transaction():
+        stored = await conn.fetch(
+            """
+            WITH live AS (
+                SELECT f.id FROM fragments f
+                JOIN unnest($1::text[], $2::text[]) AS u (id, content) ON f.id = u.id AND f.content = u.content
+                WHERE NOT EXISTS (SELECT 1 FROM fragment_passages p WHERE p.fragment_id = f.id)
+                FOR SHARE OF f
+            )
+            INSERT INTO fragment_passages (fragment_id, ordinal, embedding)
+            SELECT v.id, v.ordinal, v.embedding FROM unnest($3::text[], $4::smallint[], $5::vector[]) AS v (id, ordinal, embedding)
+            WHERE v.id IN (SELECT id FROM live)
+            ON CONFLICT DO NOTHING
+            RETURNING fragment_id
+            """,
+            [i for i, _, _ in items], [c for _, c, _ in items], ids, ordinals, vectors,
+        )
+        await conn.execute("DELETE FROM passage_backfill WHERE fragment_id = ANY($1::text[])", [i for i, _, _ in items])
+    return len({r["fragment_id"] for r in stored})
+
+
 async def decay_activation(conn: asyncpg.Connection, tenant: Tenant, limit: int) -> dict[str, Any]:
     """ema_activation halves per ACTIVATION_HALF_LIFE_DAYS since the later of the last decay
     and the last access (an access has just refreshed it)."""

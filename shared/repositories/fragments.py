@@ -113,13 +113,19 @@ async def insert_many(conn: asyncpg.Connection, fragments: list[NewFragment]) ->
         await _insert_passages(conn, [(f.id, f.passage_embeddings) for f in fragments])
 
 
-async def _insert_passages(conn: asyncpg.Connection, items: list[tuple[str, Any]]) -> None:
+def passage_columns(items: list[tuple[str, Any]]) -> tuple[list[str], list[int], list[Vector]]:
+    """(fragment id, its passage vectors) pairs as the three columns of fragment_passages rows."""
     ids, ordinals, vectors = [], [], []
     for fragment_id, passage_vectors in items:
         for ordinal, vector in enumerate(passage_vectors if passage_vectors is not None else []):
             ids.append(fragment_id)
             ordinals.append(ordinal)
             vectors.append(_vector(vector))
+    return ids, ordinals, vectors
+
+
+async def _insert_passages(conn: asyncpg.Connection, items: list[tuple[str, Any]]) -> None:
+    ids, ordinals, vectors = passage_columns(items)
     if ids:
         await conn.execute(
             "INSERT INTO fragment_passages (fragment_id, ordinal, embedding) "

@@ -148,6 +148,59 @@ async def test_backfill_activation_co_retrieval_and_sessions(mstack, db, embedde
     assert session["ended_at"] is not None and session["end_reason"] == "expired"
 
 
+async def test_passage_backfill_of_fragments_stored_before_passages(mstack, db, embedder, producer) -> None:
+    """Migration 0012 queues fragments stored before passages existed (an embedding, no
+    passage rows); the passage_backfill stage embeds their passages, leaves a fragment's own
+    passages alone, and stays inside the run's tenant."""
+    import numpy as np
+
+    from shared.domain.passages import passages
+    from shared.schema.migrate import migration_files
+
+    _, key = await new_key(mstack.database_url)
+    _, other_key = await new_key(mstack.database_url)
+    three = "Indexer: It reindexes at 02:00. It reads the replica. It takes ten minutes."
+    old = await add_fragment(db, embedder, three, key_id=key)
+    two = await add_fragment(db, embedder, "The indexer runs nightly. It is fast.", key_id=key)  # its own only passage
+    kept = await add_fragment(db, embedder, "Cache: It warms at boot. It holds 2 GB. It evicts least recently used.",
+                              key_id=key)
+    sentinel = np.zeros(384, dtype=np.float32)
+    sentinel[0] = 1.0
+    await db.execute("INSERT INTO fragment_passages (fragment_id, ordinal, embedding) VALUES ($1, 0, $2)", kept, sentinel)
+    single = await add_fragment(db, embedder, "The indexer has no dashboard", key_id=key)
+    elsewhere = await add_fragment(db, embedder, three, key_id=other_key)
+
+    # The upgrade: the migration's statements, as a store that predates passages runs them.
+    migration = dict(migration_files())["0012_passage_backfill.sql"]
+    await db.execute(migration)
+    queued = {r["fragment_id"] for r in await db.fetch("SELECT fragment_id FROM passage_backfill")}
+    assert {old, two, elsewhere} <= queued  # two sentence breaks or more are pre-selected
+    assert kept not in queued and single not in queued  # has passages / one sentence
+    await db.execute("INSERT INTO passage_backfill VALUES ($1) ON CONFLICT DO NOTHING", kept)
+
+    run = await run_task(db, producer, tenant=f"key:{key}", stages=["passage_backfill"])
+    assert run["status"] == "succeeded", run
+    assert run["result"]["stages"]["passage_backfill"]["processed"] == 1
+    assert run["result"]["stages"]["passage_backfill"]["checked"] == 3
+
+    rows = await db.fetch("SELECT ordinal, embedding FROM fragment_passages WHERE fragment_id = $1 ORDER BY ordinal", old)
+    expected = embedder.embed(passages(three))
+    assert [r["ordinal"] for r in rows] == list(range(len(expected))) == [0, 1]
+    for row, vector in zip(rows, expected, strict=True):
+        assert float(np.dot(np.asarray(row["embedding"].to_list()), vector)) > 0.99
+    assert await db.fetchval("SELECT count(*) FROM fragment_passages WHERE fragment_id = $1", two) == 0
+    kept_rows = await db.fetch("SELECT embedding FROM fragment_passages WHERE fragment_id = $1", kept)
+    assert len(kept_rows) == 1 and kept_rows[0]["embedding"].to_list()[0] == 1.0
+    remaining = {r["fragment_id"] for r in await db.fetch("SELECT fragment_id FROM passage_backfill")}
+    assert not remaining & {old, two, kept}
+    # another tenant's fragment is not this run's work
+    assert elsewhere in remaining
+    assert await db.fetchval("SELECT count(*) FROM fragment_passages WHERE fragment_id = $1", elsewhere) == 0
+
+    again = await run_task(db, producer, tenant=f"key:{key}", stages=["passage_backfill"])
+    assert again["result"]["stages"]["passage_backfill"]["processed"] == 0
+
+
 async def test_supersession_of_a_changed_decision(mstack, db, embedder, producer) -> None:
     _, key = await new_key(mstack.database_url)
     old = await add_fragment(db, embedder, "We decided the billing cron runs at 01:00 UTC.", key_id=key, type="decision",
