@@ -183,8 +183,10 @@ async def _backfill(ctx: CycleContext, conn: asyncpg.Connection, limit: int) -> 
     stored = 0
     for start in range(0, len(todo), EMBED_BATCH):
         chunk = todo[start:start + EMBED_BATCH]
-        texts, spans = embedding_inputs([(None, content) for _, content in chunk])
-        stored += await repo.store_embeddings(conn, [i for i, _ in chunk], split_vectors(embedder.embed(texts), spans))
+        # The same text a write embeds (topic and content), so a backfilled fragment ranks as
+        # it would have had the model been there when it was stored.
+        texts, spans = embedding_inputs([(topic, content) for _, topic, content in chunk])
+        stored += await repo.store_embeddings(conn, [i for i, _, _ in chunk], split_vectors(embedder.embed(texts), spans))
     return {"processed": stored}
 
 

@@ -341,14 +341,18 @@ async def supersede_contradicted(conn: asyncpg.Connection, tenant: Tenant, limit
     }
 
 
-async def missing_embeddings(conn: asyncpg.Connection, tenant: Tenant, limit: int) -> list[tuple[str, str]]:
+async def missing_embeddings(conn: asyncpg.Connection, tenant: Tenant, limit: int) -> list[tuple[str, str | None, str]]:
+    """(id, topic, content) of fragments stored without an embedding, oldest first."""
     params = SqlParams()
     scope = tenant.clause(params)
     rows = await conn.fetch(
-        f"SELECT f.id, f.content FROM fragments f WHERE {scope} AND f.embedding IS NULL ORDER BY f.created_at LIMIT {params.add(limit)}",
+        f"""
+        SELECT f.id, f.topic, f.content FROM fragments f
+        WHERE {scope} AND f.embedding IS NULL ORDER BY f.created_at LIMIT {params.add(limit)}
+        """,
         *params.values,
     )
-    return [(r["id"], r["content"]) for r in rows]
+    return [(r["id"], r["topic"], r["content"]) for r in rows]
 
 
 async def store_embeddings(conn: asyncpg.Connection, ids: list[str], vectors: list[tuple[np.ndarray, np.ndarray]]) -> int:

@@ -3,8 +3,10 @@ tenant isolation and idempotent reruns."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from shared.domain.passages import embedding_text
 from tests.maintenance.factories import add_fragment, fragment, links, new_key, run_task
 
 
@@ -137,7 +139,11 @@ async def test_backfill_activation_co_retrieval_and_sessions(mstack, db, embedde
     run = await run_task(db, producer, tenant=f"key:{key}",
                          stages=["embedding_backfill", "activation_decay", "co_retrieval", "session_cleanup"])
     assert run["status"] == "succeeded", run
-    assert (await fragment(db, bare))["embedding"] is not None
+    backfilled = (await fragment(db, bare))["embedding"]
+    assert backfilled is not None
+    # the text a write embeds (its topic, then its content), not the content alone
+    written = embedder.embed([embedding_text("ops", "The search indexer reindexes every night at 02:00.")])[0]
+    assert float(np.dot(np.asarray(backfilled.to_list()), written)) > 0.999
     # with its passages (shared.domain.passages): three sentences, two passages
     assert await db.fetchval("SELECT count(*) FROM fragment_passages WHERE fragment_id = $1", long) == 2
     assert await db.fetchval("SELECT count(*) FROM fragment_passages WHERE fragment_id = $1", bare) == 0
@@ -152,8 +158,6 @@ async def test_passage_backfill_of_fragments_stored_before_passages(mstack, db, 
     """Migration 0012 queues fragments stored before passages existed (an embedding, no
     passage rows); the passage_backfill stage embeds their passages, leaves a fragment's own
     passages alone, and stays inside the run's tenant."""
-    import numpy as np
-
     from shared.domain.passages import passages
     from shared.schema.migrate import migration_files
 
