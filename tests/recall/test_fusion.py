@@ -14,6 +14,13 @@ def _row(fid: str, tf: dict[str, int], cosine: float, prev: str | None = None, n
     return PoolRow(fid, dict(tf), dl=10, cosine=cosine, importance=0.5, activation=0.0, age_days=1.0, prev=prev, next=nxt)
 
 
+def _near_tie(term: str, first: tuple[str, float], second: tuple[str, float]) -> tuple[dict[str, PoolRow], Pool]:
+    """Two lexical hits on `term` with the given cosines, and an unrelated semantic hit."""
+    rows = {fid: _row(fid, {term: 1}, cosine) for fid, cosine in (first, second)}
+    rows["other"] = _row("other", {}, 0.10)
+    return rows, Pool({first[0]: {"L2"}, second[0]: {"L2"}, "other": {"L3"}}, rows, avgdl=10.0)
+
+
 def test_a_turn_next_to_the_match_outranks_an_unrelated_one() -> None:
     # q says "deploy"; b answers it without the word. c is as close to the query as b but
     # stands alone: the window BM25 and borrowing lift b over c.
@@ -47,12 +54,7 @@ def test_expansion_needs_evidence_and_weight() -> None:
 def test_best_passage_similarity_lifts_a_long_fragment() -> None:
     # Same words, same whole-fragment cosine; one of long's passages is much closer to the
     # query than the fragment as a whole: it ranks first, and without passages it would not.
-    rows = {
-        "short": _row("short", {"deploy": 1}, 0.40),
-        "long": _row("long", {"deploy": 1}, 0.38),
-        "other": _row("other", {}, 0.10),
-    }
-    pool = Pool({"short": {"L2"}, "long": {"L2"}, "other": {"L3"}}, rows, avgdl=10.0)
+    rows, pool = _near_tie("deploy", ("short", 0.40), ("long", 0.38))
     assert [h.id for h in fusion.score(pool, {"deploy": 1.0})][0] == "short"
     rows["long"].passage_cosine = 0.70
     assert rows["long"].similarity == pytest.approx((1 - fusion.PASSAGE_MIX) * 0.38 + fusion.PASSAGE_MIX * 0.70)
@@ -60,12 +62,7 @@ def test_best_passage_similarity_lifts_a_long_fragment() -> None:
 
 
 def test_a_query_naming_the_label_outranks_the_same_words_elsewhere() -> None:
-    rows = {
-        "said": _row("said", {"melani": 1}, 0.30),
-        "about": _row("about", {"melani": 1}, 0.31),
-        "other": _row("other", {}, 0.10),
-    }
-    pool = Pool({"said": {"L2"}, "about": {"L2"}, "other": {"L3"}}, rows, avgdl=10.0)
+    rows, pool = _near_tie("melani", ("said", 0.30), ("about", 0.31))
     assert [h.id for h in fusion.score(pool, {"melani": 1.0})][0] == "about"
     rows["said"].names_label = True  # "Melanie: ..." rather than "... Melanie ..."
     scored = {h.id: h.score for h in fusion.score(pool, {"melani": 1.0})}
