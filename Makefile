@@ -19,8 +19,13 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/python -m services.stack run
 
-test: $(STAMP) deploy-tools test-clients
+test: lint deploy-tools test-clients
 	$(BIN)/python -m pytest -q tests
+
+# ruff (rules chosen in pyproject.toml) and mypy over services/ and shared/: zero findings.
+lint: $(STAMP)
+	$(BIN)/ruff check services shared
+	$(BIN)/mypy
 
 # docker-compose (Debian's package) parses docker-compose.yml offline; no engine runs here.
 deploy-tools:
