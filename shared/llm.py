@@ -50,10 +50,10 @@ class LLMClient:
         return LLMBudget(self.settings.max_calls_per_run if self.configured else 0)
 
     def complete(self, system: str, prompt: str, budget: LLMBudget, *, max_tokens: int = 400) -> str | None:
-        if not self.configured or not budget.take():
+        base_url = self.settings.base_url
+        if not self.configured or base_url is None or not budget.take():
             return None
-        assert self.settings.base_url is not None
-        url = self.settings.base_url.rstrip("/") + "/chat/completions"
+        url = base_url.rstrip("/") + "/chat/completions"
         headers = {"Authorization": f"Bearer {self.settings.api_key}"} if self.settings.api_key else {}
         body = {
             "model": self.settings.model,

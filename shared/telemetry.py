@@ -12,6 +12,7 @@ import logging
 import uuid
 
 from opentelemetry import propagate, trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
@@ -61,5 +62,5 @@ def inject_headers(headers: dict[str, str]) -> dict[str, str]:
     return headers
 
 
-def extract_context(headers: dict[str, str]):  # type: ignore[no-untyped-def]
+def extract_context(headers: dict[str, str]) -> Context:
     return propagate.extract(headers)

@@ -33,9 +33,12 @@ class AuthBody(_Body):
     accessKey: str | None = None
 
 
+_DEFAULT_PERMISSIONS: list[PermissionName] = ["read", "write"]
+
+
 class KeyCreate(_Body):
     name: str = Field(min_length=1, max_length=200)
-    permissions: list[PermissionName] = Field(default_factory=lambda: ["read", "write"])
+    permissions: list[PermissionName] = Field(default_factory=_DEFAULT_PERMISSIONS.copy)
     default_workspace: str | None = Field(None, max_length=200)
     allowed_workspaces: list[str] | None = None
     default_mode: Literal[MODES] | None = None  # type: ignore[valid-type]
@@ -70,10 +73,11 @@ def _jsonable(row: asyncpg.Record | dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in dict(row).items():
         if hasattr(value, "isoformat"):
-            value = value.isoformat()
+            out[name] = value.isoformat()
         elif isinstance(value, tuple):
-            value = list(value)
-        out[name] = value
+            out[name] = list(value)
+        else:
+            out[name] = value
     return out
 
 
@@ -185,12 +189,11 @@ async def add_member(group_id: str, body: MemberAdd, request: Request) -> dict[s
     key_id = body.key_id or body.keyId
     if not key_id:
         raise HTTPException(status_code=422, detail="key_id is required")
-    async with request.app.state.pool.acquire() as conn:
-        async with conn.transaction():
-            if not await keys_repo.group_exists(conn, group_id):
-                raise HTTPException(status_code=404, detail="group not found")
-            if not await keys_repo.add_member(conn, group_id, key_id):
-                raise HTTPException(status_code=404, detail="key not found")
+    async with request.app.state.pool.acquire() as conn, conn.transaction():
+        if not await keys_repo.group_exists(conn, group_id):
+            raise HTTPException(status_code=404, detail="group not found")
+        if not await keys_repo.add_member(conn, group_id, key_id):
+            raise HTTPException(status_code=404, detail="key not found")
     await _changed(request)
     return {"success": True, "group_id": group_id, "key_id": key_id}
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -48,7 +48,7 @@ async def rotate(transports: Transports, session: GatewaySession, presented_id: 
         "oldSessionId": old_id,
         "newSessionId": new_id,
         "reason": reason,
-        "rotatedAt": datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "rotatedAt": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
     }
 
 
@@ -83,6 +83,7 @@ async def rotate_endpoint(request: Request) -> JSONResponse:
         supplied = body.get("reason") if isinstance(body, dict) else None
         if supplied is not None:
             if not isinstance(supplied, str) or len(supplied) > MAX_HTTP_REASON:
-                return JSONResponse({"ok": False, "error": f"reason must be a string of at most {MAX_HTTP_REASON} characters"}, status_code=400)
+                error = f"reason must be a string of at most {MAX_HTTP_REASON} characters"
+                return JSONResponse({"ok": False, "error": error}, status_code=400)
             reason = supplied or DEFAULT_REASON
     return JSONResponse(await rotate(state.transports, session, session_id, reason))

@@ -10,9 +10,10 @@ call is counted in Postgres as it happens.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import Counter as Tally
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
 import asyncpg
 import redis.asyncio as aioredis
@@ -28,7 +29,7 @@ COUNTER_TTL_SECONDS = 2 * 86400
 
 
 def utc_today() -> date:
-    return datetime.now(timezone.utc).date()
+    return datetime.now(UTC).date()
 
 
 class DailyCalls:
@@ -81,10 +82,9 @@ class DailyCalls:
         try:
             async with self.pool.acquire() as conn:
                 for (key_id, day), calls in list(pending.items()):
-                    try:
+                    # The key may have been deleted meanwhile; its usage went with it.
+                    with contextlib.suppress(asyncpg.ForeignKeyViolationError):
                         await keys_repo.add_calls(conn, key_id, day, calls)
-                    except asyncpg.ForeignKeyViolationError:
-                        pass  # the key was deleted meanwhile; its usage went with it
                     del pending[(key_id, day)]
         finally:
             self._unflushed.update(pending)  # what was not written goes in the next flush

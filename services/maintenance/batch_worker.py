@@ -23,6 +23,7 @@ from celery.signals import worker_ready
 from pydantic import AliasChoices, Field, field_validator
 from redis.asyncio import Redis
 
+from services.common.internal import SERVICE_TOKEN_HEADER
 from services.maintenance.celery_app import app
 from services.maintenance.runtime import runtime
 from shared.jobs import QUEUE_BATCH
@@ -31,8 +32,6 @@ from shared.settings import CommonSettings, seconds_or_duration
 from shared.telemetry import inject_headers
 
 logger = logging.getLogger(__name__)
-
-SERVICE_TOKEN_HEADER = "x-engram-service-token"
 
 
 class BatchWorkerSettings(CommonSettings):
@@ -64,7 +63,9 @@ def _settings() -> BatchWorkerSettings:
     return BatchWorkerSettings()
 
 
-async def _store_chunk(http: httpx.AsyncClient, settings: BatchWorkerSettings, payload: dict[str, Any], items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+async def _store_chunk(
+    http: httpx.AsyncClient, settings: BatchWorkerSettings, payload: dict[str, Any], items: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     body = {
         "arguments": {"fragments": items, "workspace": payload.get("workspace"), "agentId": payload.get("agentId")},
         "principal": payload["principal"],
@@ -110,7 +111,8 @@ async def process(queue: BatchQueue, http: httpx.AsyncClient, settings: BatchWor
 async def drain(settings: BatchWorkerSettings, prefix: str | None = None) -> tuple[int, bool]:
     """Recover stale jobs, then process queued ones; returns (jobs handled, more waiting)."""
     redis = Redis.from_url(settings.redis_url, socket_connect_timeout=2, socket_timeout=10)
-    queue = BatchQueue(redis, lease_seconds=settings.lease.total_seconds(), **({"prefix": prefix} if prefix else {}))
+    lease = settings.lease.total_seconds()
+    queue = BatchQueue(redis, prefix, lease_seconds=lease) if prefix else BatchQueue(redis, lease_seconds=lease)
     handled = 0
     try:
         recovered = await queue.recover()

@@ -99,7 +99,7 @@ async def _check(
     checked = set(by_id)
     # Compare the checked fragments with their groups (is_new marks "checked in this run").
     members = [{**dict(m), "is_new": m["id"] in checked} for m in members]
-    pairs, _ = similar_pairs(members, SEMANTIC_DUPLICATE_MIN)  # type: ignore[arg-type]
+    pairs, _ = similar_pairs(members, SEMANTIC_DUPLICATE_MIN)
     for pair in pairs:
         if contradiction_signal(pair.a["content"], pair.b["content"]):
             continue

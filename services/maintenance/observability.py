@@ -88,7 +88,7 @@ def _serve_metrics(**_: Any) -> None:
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)
     try:
-        start_http_server(port, addr="0.0.0.0", registry=registry)
+        start_http_server(port, addr="0.0.0.0", registry=registry)  # noqa: S104 - Prometheus scrapes the pod from outside
     except OSError:
         logger.warning("worker metrics port %s is taken; /metrics not served", port, exc_info=True)
         return

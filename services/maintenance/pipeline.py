@@ -18,6 +18,7 @@ from typing import Any
 import asyncpg
 from prometheus_client import Counter, Histogram
 
+from services.maintenance.similarity import SimilarPair, similar_pairs
 from shared.domain.dedup import CONTRADICTION_MIN, SEMANTIC_DUPLICATE_MIN, contradiction_signal, decide_merge
 from shared.domain.passages import embedding_inputs, passages, split_vectors
 from shared.embeddings import Embedder
@@ -25,8 +26,6 @@ from shared.llm import LLMBudget, LLMClient
 from shared.repositories import consolidation as repo
 from shared.repositories.maintenance import Tenant
 from shared.settings import MaintenanceSettings
-
-from services.maintenance.similarity import SimilarPair, similar_pairs
 
 logger = logging.getLogger(__name__)
 
@@ -199,8 +198,10 @@ async def _passage_backfill(ctx: CycleContext, conn: asyncpg.Connection, limit: 
         return {"processed": 0}
     parts = [passages(content) for _, content in todo]
     texts = [text for part in parts for text in part]
-    embedder = ctx.embedder() if texts else None
-    vectors = [v for start in range(0, len(texts), EMBED_BATCH) for v in embedder.embed(texts[start:start + EMBED_BATCH])]
+    vectors = []
+    if texts:
+        embedder = ctx.embedder()
+        vectors = [v for start in range(0, len(texts), EMBED_BATCH) for v in embedder.embed(texts[start:start + EMBED_BATCH])]
     items, at = [], 0
     for (fid, content), part in zip(todo, parts, strict=True):
         items.append((fid, content, vectors[at:at + len(part)]))

@@ -17,9 +17,9 @@ from redis.exceptions import RedisError
 
 from services.maintenance.pipeline import STAGE_NAMES, CycleContext, run_cycle
 from services.maintenance.runtime import WorkerRuntime
+from shared.recall_cache import bump_recall_generation
 from shared.repositories import links as links_repo
 from shared.repositories import maintenance as runs_repo
-from shared.recall_cache import bump_recall_generation
 from shared.repositories.maintenance import Tenant
 from shared.telemetry import correlation_id
 

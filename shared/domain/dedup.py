@@ -21,8 +21,10 @@ CONTRADICTION_MIN = 0.80
 _WORD = re.compile(r"[0-9A-Za-z\u00C0-\u024F\uAC00-\uD7A3][0-9A-Za-z\u00C0-\u024F\uAC00-\uD7A3_\-\./:]*")
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 _NEGATIONS = frozenset(
-    "not no never none cannot can't don't doesn't didn't isn't aren't wasn't weren't won't shouldn't "
-    "mustn't without disabled 안 않 못 없".split()
+    [
+        "not", "no", "never", "none", "cannot", "can't", "don't", "doesn't", "didn't", "isn't", "aren't", "wasn't",
+        "weren't", "won't", "shouldn't", "mustn't", "without", "disabled", "안", "않", "못", "없",
+    ]
 )
 # Word pairs whose swap flips a statement's meaning.
 _ANTONYMS = (
@@ -58,9 +60,7 @@ def distinctive_tokens(text: str) -> set[str]:
         lower = _normal(word)
         if any(c.isdigit() for c in word) or any(c in word for c in "_./:") or (
             "-" in word and len(word) > 3
-        ):
-            found.add(lower)
-        elif word.isupper() and len(word) >= 2:
+        ) or (word.isupper() and len(word) >= 2):
             found.add(lower)
         elif word[0].isupper() and lower not in STOPWORDS:
             # Names and products; a capitalised sentence opener counts too ("Alice owns ..."):
@@ -138,8 +138,8 @@ def contradiction_signal(a: str, b: str) -> Contradiction | None:
     if neg_a != neg_b and overlap >= 0.6:
         return Contradiction("negation", round(min(0.95, 0.5 + overlap / 2), 3), "one statement negates the other")
     for x, y in _ANTONYMS:
-        if (x in sa and y in sb and y not in sa and x not in sb) or (y in sa and x in sb and x not in sa and y not in sb):
-            if overlap >= 0.5:
+        swapped = (x in sa and y in sb and y not in sa and x not in sb) or (y in sa and x in sb and x not in sa and y not in sb)
+        if swapped and overlap >= 0.5:
                 return Contradiction("antonym", round(min(0.9, 0.45 + overlap / 2), 3), f"{x} vs {y}")
     nums_a = set(_NUMBER.findall(a))
     nums_b = set(_NUMBER.findall(b))

@@ -35,7 +35,8 @@ class Issue:
 
 # Prompt-injection phrasings (instructions aimed at the model that later reads the memory).
 _INJECTION = [
-    (re.compile(r"\b(ignore|disregard|forget)\s+(all\s+|any\s+)?(the\s+)?(previous|prior|above|earlier)\s+(instructions|prompts|rules)", re.I), 0.97),
+    (re.compile(r"\b(ignore|disregard|forget)\s+(all\s+|any\s+)?(the\s+)?"
+                r"(previous|prior|above|earlier)\s+(instructions|prompts|rules)", re.I), 0.97),
     (re.compile(r"\byou\s+are\s+now\s+(in\s+)?(developer|dan|jailbreak|unrestricted)", re.I), 0.95),
     (re.compile(r"\b(reveal|print|show|leak)\s+(your|the)\s+(system\s+prompt|hidden\s+instructions)", re.I), 0.95),
     (re.compile(r"<\|im_start\|>|<\|system\|>|\[INST\]|###\s*system\s*:", re.I), 0.9),
@@ -94,14 +95,15 @@ def quality_issues(f: dict[str, Any]) -> list[Issue]:
     if len(content) < 10 and len(content.split()) < 3:
         return [Issue("quality", "medium", 0.9, [f["id"]], "content too short to mean anything", [{"action": "delete", "id": f["id"]}])]
     if _REPEATED.search(content) or not re.search(r"[A-Za-z\uAC00-\uD7A3]{2}", content):
-        return [Issue("quality", "low", 0.8, [f["id"]], "content looks broken (repeated or no words)", [{"action": "delete", "id": f["id"]}])]
+        fix = [{"action": "delete", "id": f["id"]}]
+        return [Issue("quality", "low", 0.8, [f["id"]], "content looks broken (repeated or no words)", fix)]
     return []
 
 
 def normalised_keywords(keywords: list[str]) -> list[str]:
     out: list[str] = []
-    for k in keywords:
-        k = " ".join(k.strip().lower().split())
+    for keyword in keywords:
+        k = " ".join(keyword.strip().lower().split())
         if k and k not in out:
             out.append(k)
     return out

@@ -66,7 +66,7 @@ def embedding_inputs(items: list[tuple[str | None, str]]) -> tuple[list[str], li
     the passages, with where each fragment's passages start and how many there are."""
     texts = [embedding_text(topic, content) for topic, content in items]
     spans = []
-    for topic, content in items:
+    for _topic, content in items:
         parts = passages(content)
         spans.append((len(texts), len(parts)))
         # Without the topic: the fragment's own embedding carries it, and on LoCoMo dev

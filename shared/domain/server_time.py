@@ -3,7 +3,7 @@ reason from its training-time date."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
@@ -12,7 +12,7 @@ _WEEKDAYS_KO = "월화수목금토일"
 
 
 def server_time(now: datetime | None = None) -> dict[str, Any]:
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     kst = now.astimezone(KST)
     return {
         "iso": now.isoformat(timespec="milliseconds").replace("+00:00", "Z"),

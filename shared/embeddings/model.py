@@ -85,7 +85,10 @@ class TorchEmbedder:
 
         self._model = SentenceTransformer(str(path), device="cpu")
         self._batch_size = batch_size
-        self.dimensions = int(self._model.get_sentence_embedding_dimension())
+        dimensions = self._model.get_sentence_embedding_dimension()
+        if dimensions is None:
+            raise RuntimeError(f"{path}: the model does not say its embedding dimension")
+        self.dimensions = int(dimensions)
         self.parallel_calls = 1  # torch spreads one call over every core itself
 
     def embed(self, texts: list[str]) -> np.ndarray:
@@ -135,8 +138,9 @@ class OpenVinoEmbedder:
 
     On this machine's AMX Xeon: ~390-490 bench-corpus texts per CPU-second in 32-text runs
     (fp32 ONNX Runtime ~125), a query p50 5.0-5.3 ms where ONNX Runtime took 7.6-8.9 in the
-    same minutes (3.6-4.4 vs 3.7-4.3 in a faster stretch), vectors within cosine 0.9999 of fp32's (pooling and normalisation stay fp32). One lane per core, one thread
-    each, as for ONNX Runtime (see OnnxEmbedder).
+    same minutes (3.6-4.4 vs 3.7-4.3 in a faster stretch), vectors within cosine 0.9999 of
+    fp32's (pooling and normalisation stay fp32). One lane per core, one thread each, as for
+    ONNX Runtime (see OnnxEmbedder).
     """
 
     def __init__(self, onnx_path: Path, tokenizer_path: Path, batch_size: int, threads: int) -> None:
@@ -197,7 +201,7 @@ def export_onnx(source: Path, target: Path) -> Path:
                 super().__init__()
                 self.inner = inner
 
-            def forward(self, input_ids, attention_mask, token_type_ids):  # type: ignore[no-untyped-def]
+            def forward(self, input_ids, attention_mask, token_type_ids):
                 return self.inner(
                     input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
                 ).last_hidden_state
@@ -212,7 +216,7 @@ def export_onnx(source: Path, target: Path) -> Path:
             str(tmp),
             input_names=["input_ids", "attention_mask", "token_type_ids"],
             output_names=["last_hidden_state"],
-            dynamic_axes={n: axes for n in ("input_ids", "attention_mask", "token_type_ids", "last_hidden_state")},
+            dynamic_axes=dict.fromkeys(("input_ids", "attention_mask", "token_type_ids", "last_hidden_state"), axes),
             opset_version=17,
             dynamo=False,
         )

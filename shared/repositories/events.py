@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from collections import Counter
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -76,7 +76,7 @@ async def apply_recall_effects(conn: asyncpg.Connection, effects: list[dict[str,
             """,
             ids, [accessed[i] for i in ids], ACTIVATION_ALPHA,
         )
-    activated = Counter()
+    activated: Counter[str] = Counter()
     for e in effects:
         for fid, delta in e.get("activate", {}).items():
             activated[fid] += delta

@@ -113,7 +113,7 @@ async def insert_many(conn: asyncpg.Connection, fragments: list[NewFragment]) ->
         await _insert_passages(conn, [(f.id, f.passage_embeddings) for f in fragments])
 
 
-def passage_columns(items: list[tuple[str, Any]]) -> tuple[list[str], list[int], list[Vector]]:
+def passage_columns(items: list[tuple[str, Any]]) -> tuple[list[str], list[int], list[Vector | None]]:
     """(fragment id, its passage vectors) pairs as the three columns of fragment_passages rows."""
     ids, ordinals, vectors = [], [], []
     for fragment_id, passage_vectors in items:

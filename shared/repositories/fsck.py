@@ -14,8 +14,8 @@ import asyncpg
 from shared.domain.fragment import content_hash
 from shared.domain.fsck import Issue
 from shared.domain.principal import SqlParams
-from shared.repositories.maintenance import Tenant
 from shared.repositories import fragments as fragments_repo
+from shared.repositories.maintenance import Tenant
 
 
 async def fragments_to_check(conn: asyncpg.Connection, tenant: Tenant, *, incremental: bool, limit: int) -> list[asyncpg.Record]:

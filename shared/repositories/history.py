@@ -81,7 +81,8 @@ async def links_among(conn: asyncpg.Connection, ids: list[str]) -> list[asyncpg.
 
 async def case_events(conn: asyncpg.Connection, principal: Principal, case_id: str) -> list[asyncpg.Record]:
     params = SqlParams()
-    scope = "TRUE" if principal.is_master else f"e.key_id = ANY({params.add(list(principal.visible_key_ids or (principal.key_id,)))}::text[])"
+    keys = list(principal.visible_key_ids or (principal.key_id,))
+    scope = "TRUE" if principal.is_master else f"e.key_id = ANY({params.add(keys)}::text[])"
     return await conn.fetch(
         f"SELECT e.id, e.event_type, e.summary, e.fragment_id, e.created_at FROM case_events e "
         f"WHERE e.case_id = {params.add(case_id)} AND {scope} ORDER BY e.created_at, e.id",
@@ -126,7 +127,9 @@ async def versions(conn: asyncpg.Connection, fragment_id: str) -> list[asyncpg.R
     )
 
 
-async def supersession_chain(conn: asyncpg.Connection, principal: Principal, fragment_id: str, limit: int = 50) -> dict[str, list[asyncpg.Record]]:
+async def supersession_chain(
+    conn: asyncpg.Connection, principal: Principal, fragment_id: str, limit: int = 50
+) -> dict[str, list[asyncpg.Record]]:
     """What this fragment replaced (older, via superseded_by pointing at it) and what replaced it."""
     params = SqlParams()
     fid = params.add(fragment_id)

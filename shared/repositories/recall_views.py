@@ -116,7 +116,8 @@ async def case_summaries(conn: asyncpg.Connection, principal: Principal, case_id
     out = {r["case_id"]: {"goal": r["goal"], "outcome": r["outcome"], "resolution_status": r["status"],
                           "fragment_count": r["fragment_count"], "events": []} for r in rows}
     eparams = SqlParams()
-    escope = "TRUE" if principal.is_master else f"e.key_id = ANY({eparams.add(list(principal.visible_key_ids or (principal.key_id,)))}::text[])"
+    keys = list(principal.visible_key_ids or (principal.key_id,))
+    escope = "TRUE" if principal.is_master else f"e.key_id = ANY({eparams.add(keys)}::text[])"
     eids = eparams.add(list(out))
     for r in await conn.fetch(
         f"SELECT e.case_id, e.event_type, e.summary, e.created_at FROM case_events e "

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import asyncpg
 import numpy as np
 
-from shared.domain.principal import Principal, SqlParams, read_scope
 from shared.domain.keywords import STOPWORDS
 from shared.domain.passages import LEAD_MAX, label_of
+from shared.domain.principal import Principal, SqlParams, read_scope
 from shared.domain.search import FragmentFilter
 from shared.repositories.fragments import filter_clauses
 
@@ -340,7 +340,7 @@ _STOP_LEXEMES: frozenset[str] | None = None
 
 async def stop_lexemes(conn: asyncpg.Connection) -> frozenset[str]:
     """The extractor's stop words as the english configuration stems them (computed once)."""
-    global _STOP_LEXEMES
+    global _STOP_LEXEMES  # noqa: PLW0603 - a constant of the english configuration, computed once
     if _STOP_LEXEMES is None:
         lexemes = await conn.fetchval(
             "SELECT array(SELECT lexeme FROM unnest(to_tsvector('english', $1)))", " ".join(sorted(STOPWORDS))

@@ -9,9 +9,9 @@ from typing import Any
 import asyncpg
 
 from shared.domain.principal import Principal, SqlParams, write_scope
+from shared.repositories import fragments as fragments_repo
 from shared.repositories import links as links_repo
 from shared.repositories.fragments import FRAGMENT_COLUMNS
-from shared.repositories import fragments as fragments_repo
 
 # Columns amend may set; search_tsv is recomputed from content / topic / keywords in SQL
 # the same way the insert writes it.
