@@ -105,10 +105,7 @@ async def get_run(request: Request, run_id: int) -> dict[str, Any]:
 async def anomalies(request: Request) -> dict[str, Any]:
     """seed: anomaly detection results -- those of the latest cycle that scanned for them."""
     async with request.app.state.pool.acquire() as conn:
-        row = await conn.fetchrow(
-            """SELECT * FROM maintenance_runs WHERE job = 'consolidate' AND status IN ('succeeded', 'failed')
-               AND result -> 'stages' -> 'anomalies' ? 'anomalies' ORDER BY finished_at DESC LIMIT 1"""
-        )
+        row = await runs_repo.latest_anomaly_scan(conn)
     if row is None:
         return {"anomalies": [], "runId": None, "checkedAt": None}
     result = json.loads(row["result"]) if isinstance(row["result"], str) else row["result"]

@@ -54,8 +54,7 @@ async def run_fsck(
         if claimed is None:
             return {"runId": run_id, "skipped": "run already finished"}
         scope = Tenant.parse(claimed["tenant"])
-        # A retried run starts its issue list afresh.
-        await conn.execute("DELETE FROM fsck_issues WHERE run_id = $1", run_id)
+        await fsck_repo.clear_issues(conn, run_id)
         rows = await fsck_repo.fragments_to_check(conn, scope, incremental=incremental, limit=FSCK_BATCH)
     try:
         return await _check(rt, run_id, scope, rows, incremental=incremental, auto_apply=auto_apply)
@@ -90,11 +89,7 @@ async def _check(
 
     await progress("duplicates")
     async with pool.acquire() as conn:
-        # The (key, workspace, topic) groups of the checked fragments: never across keys.
-        ws_rows = await conn.fetch(
-            "SELECT DISTINCT key_id, workspace, topic FROM fragments WHERE id = ANY($1::text[])", list(by_id)
-        )
-        groups = [(w["key_id"], w["workspace"], w["topic"]) for w in ws_rows]
+        groups = await fsck_repo.groups_of(conn, list(by_id))
         members = await consolidation_repo.group_members(conn, groups)
     checked = set(by_id)
     # Compare the checked fragments with their groups (is_new marks "checked in this run").
@@ -136,13 +131,10 @@ async def _check(
     if auto_apply:
         settings = rt.settings
         async with pool.acquire() as conn:
-            qualifying = await conn.fetch(
-                "SELECT id FROM fsck_issues WHERE run_id = $1 AND confidence >= $2 AND severity = ANY($3::text[])",
-                run_id, settings.fsck_auto_min_confidence,
-                [s for s in ("low", "medium", "high")
-                 if ("low", "medium", "high").index(s) >= ("low", "medium", "high").index(settings.fsck_auto_min_severity)],
+            qualifying = await fsck_repo.qualifying_issues(
+                conn, run_id, settings.fsck_auto_min_confidence, settings.fsck_auto_min_severity
             )
-            outcome = await fsck_repo.apply_issues(conn, run_id, [q["id"] for q in qualifying])
+            outcome = await fsck_repo.apply_issues(conn, run_id, qualifying)
         summary["autoApplied"] = len(outcome["applied"])
         summary["autoFailed"] = len(outcome["failed"])
         summary["thresholds"] = {"minConfidence": settings.fsck_auto_min_confidence, "minSeverity": settings.fsck_auto_min_severity}

@@ -19,6 +19,7 @@ from services.maintenance.pipeline import STAGE_NAMES, CycleContext, run_cycle
 from services.maintenance.runtime import WorkerRuntime
 from shared.recall_cache import bump_recall_generation
 from shared.repositories import links as links_repo
+from shared.repositories import locks as locks_repo
 from shared.repositories import maintenance as runs_repo
 from shared.repositories.maintenance import Tenant
 from shared.telemetry import correlation_id
@@ -57,11 +58,6 @@ async def _invalidate_recall_cache(rt: WorkerRuntime) -> None:
         await client.aclose()
 
 
-async def _with_tenant_lock(conn: asyncpg.Connection, name: str) -> bool:
-    """A session advisory lock per job and tenant: two cycles never work one tenant at once."""
-    return bool(await conn.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", name))
-
-
 async def consolidate(
     rt: WorkerRuntime, *, run_id: int | None, tenant: str | None, stages: list[str] | None, scheduled: bool,
     job: str = "consolidate",
@@ -83,8 +79,9 @@ async def consolidate(
     scope = Tenant.parse(claimed["tenant"])
     lock_conn = await pool.acquire()
     try:
+        # One lock per job and tenant: two cycles never work one tenant at once.
         lock_name = f"engram.{claimed['job']}:{scope.label}"
-        if not await _with_tenant_lock(lock_conn, lock_name):
+        if not await locks_repo.try_lock(lock_conn, lock_name):
             await runs_repo.finish_run(lock_conn, run_id, "skipped", {}, "another consolidation of this tenant is running")
             return {"runId": run_id, "skipped": "another consolidation is running"}
         try:
@@ -97,7 +94,7 @@ async def consolidate(
             await runs_repo.finish_run(lock_conn, run_id, "failed", {}, f"{exc.__class__.__name__}: {exc}")
             raise
         finally:
-            await lock_conn.execute("SELECT pg_advisory_unlock(hashtext($1))", lock_name)
+            await locks_repo.unlock(lock_conn, lock_name)
         span = trace.get_current_span().get_span_context()
         # Which request caused this run, for an operator reading the row.
         report["traceId"] = format(span.trace_id, "032x") if span.is_valid else None

@@ -32,6 +32,31 @@ async def fragments_to_check(conn: asyncpg.Connection, tenant: Tenant, *, increm
     )
 
 
+async def clear_issues(conn: asyncpg.Connection, run_id: int) -> None:
+    """A retried run starts its issue list afresh."""
+    await conn.execute("DELETE FROM fsck_issues WHERE run_id = $1", run_id)
+
+
+async def groups_of(conn: asyncpg.Connection, ids: list[str]) -> list[tuple[str | None, str | None, str]]:
+    """The (key, workspace, topic) groups the fragments belong to: duplicates are looked for
+    inside a group, never across keys."""
+    rows = await conn.fetch("SELECT DISTINCT key_id, workspace, topic FROM fragments WHERE id = ANY($1::text[])", ids)
+    return [(r["key_id"], r["workspace"], r["topic"]) for r in rows]
+
+
+SEVERITIES = ("low", "medium", "high")
+
+
+async def qualifying_issues(conn: asyncpg.Connection, run_id: int, min_confidence: float, min_severity: str) -> list[int]:
+    """The run's issues at or above both thresholds (FSCK_AUTO_MIN_CONFIDENCE / _SEVERITY)."""
+    severities = list(SEVERITIES[SEVERITIES.index(min_severity):])
+    rows = await conn.fetch(
+        "SELECT id FROM fsck_issues WHERE run_id = $1 AND confidence >= $2 AND severity = ANY($3::text[])",
+        run_id, min_confidence, severities,
+    )
+    return [r["id"] for r in rows]
+
+
 async def mark_checked(conn: asyncpg.Connection, ids: list[str]) -> None:
     # In chunks: each stamp rewrites a row (see consolidation.WRITE_CHUNK).
     for start in range(0, len(ids), 1000):

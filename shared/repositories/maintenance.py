@@ -102,6 +102,14 @@ async def finish_run(
     )
 
 
+async def latest_anomaly_scan(conn: asyncpg.Connection) -> asyncpg.Record | None:
+    """The latest finished consolidation run whose report has an anomalies stage."""
+    return await conn.fetchrow(
+        """SELECT * FROM maintenance_runs WHERE job = 'consolidate' AND status IN ('succeeded', 'failed')
+           AND result -> 'stages' -> 'anomalies' ? 'anomalies' ORDER BY finished_at DESC LIMIT 1"""
+    )
+
+
 async def get_run(conn: asyncpg.Connection, run_id: int) -> asyncpg.Record | None:
     return await conn.fetchrow("SELECT * FROM maintenance_runs WHERE id = $1", run_id)
 
