@@ -87,15 +87,29 @@ class GatewaySettings(CommonSettings):
     # Requests per minute: per client IP before authentication, per key after it.
     ip_rate_limit_per_min: int = Field(600, alias="RATE_LIMIT_PER_IP_PER_MIN")
     key_rate_limit_per_min: int = Field(1200, alias="RATE_LIMIT_PER_KEY_PER_MIN")
-    # OAuth redirect URIs must start with one of these (localhost only by default).
+    # OAuth redirect URIs on one of these origins are admitted: same scheme and host, and the
+    # port when the entry names one, any path (localhost only by default: RFC 8252 loopback
+    # clients pick their port at run time). Hosted clients' callbacks are in
+    # OAUTH_REDIRECT_EXACT_URIS, matched exactly.
     oauth_redirect_allowlist: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["http://localhost", "http://127.0.0.1", "http://[::1]"],
         alias="OAUTH_REDIRECT_ALLOWLIST",
     )
+    # Redirect URIs admitted only by full-URI equality (no prefix, no wildcard, no
+    # normalisation: `.../auth_callback/../x` and `.../auth_callbackX` are refused). The default
+    # is the hosted-client callback the reference documents for `POST /register` (claude.ai);
+    # an operator adds others here, or sets it empty to admit none.
+    oauth_redirect_exact_uris: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["https://claude.ai/api/mcp/auth_callback"],
+        alias="OAUTH_REDIRECT_EXACT_URIS",
+    )
+    # Wrong keys accepted at the consent form (POST /authorize) per client IP per minute;
+    # past it the form answers 429 until the minute ends, whatever key is typed.
+    oauth_consent_failures_per_min: int = Field(10, alias="OAUTH_CONSENT_FAILURES_PER_MIN")
     oauth_code_ttl: timedelta = Field(timedelta(minutes=5), alias="OAUTH_CODE_TTL")
     oauth_token_ttl: timedelta = Field(timedelta(hours=24), alias="OAUTH_TOKEN_TTL")
 
-    @field_validator("allowed_hosts", "allowed_origins", "oauth_redirect_allowlist", mode="before")
+    @field_validator("allowed_hosts", "allowed_origins", "oauth_redirect_allowlist", "oauth_redirect_exact_uris", mode="before")
     @classmethod
     def _split_csv(cls, value: object) -> object:
         if isinstance(value, str):

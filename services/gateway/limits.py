@@ -55,6 +55,26 @@ class RateLimiter:
             RATE_LIMITED.labels(name).inc()
         return allowed, retry_after
 
+    async def exceeded(self, name: str, subject: str, limit: int) -> tuple[bool, int]:
+        """Whether `subject` is already past `limit` in this window, without counting: for
+        limits that count only failures (wrong keys at the OAuth consent form), checked before
+        the attempt so that a throttled caller cannot learn whether its next guess is right."""
+        now = time.time()
+        window = int(now // WINDOW_SECONDS)
+        retry_after = max(1, math.ceil((window + 1) * WINDOW_SECONDS - now))
+        if limit <= 0:
+            return False, retry_after
+        key = f"{self.prefix}:{name}:{subject}:{window}"
+        count = None
+        if self.redis is not None:
+            try:
+                count = int(await self.redis.get(key) or 0)
+            except (RedisError, OSError):
+                logger.debug("rate limit counter unavailable in Redis; reading the local count", exc_info=True)
+        if count is None:
+            count = self._local.get(key, 0) if window == self._local_window else 0
+        return count >= limit, retry_after
+
 
 def body_limit_for(path: str, default: int) -> int:
     # seed: the admin import path takes up to 50 MiB; everything else the default (1 MiB).

@@ -3,24 +3,27 @@ key binding), a consent page with PKCE S256, and the token endpoint.
 
 seed: `POST /register` with an API-key Bearer names the client `<name>_<keyIdHex8>` and the
 key's tenant is restored at /authorize; without it the client id is random. `GET /authorize`
-renders consent, `POST /authorize` takes decision=allow|deny. Redirect URIs must be on an
-allow-list (localhost by default). The token exchange (code single-use and short-lived, PKCE
-verifier, redirect URI match) runs through the SDK's TokenHandler over our provider.
+renders consent, `POST /authorize` takes decision=allow|deny. A code is issued only to someone
+who proves the key at the consent form (services/gateway/oauth_consent.py says who may). Redirect
+URIs must be on an allow-list: localhost origins, plus hosted clients' callbacks matched
+exactly. The token exchange (code single-use and short-lived, PKCE verifier, redirect URI
+identical to /authorize's) runs through the SDK's TokenHandler over our provider.
 """
 
 from __future__ import annotations
 
-import html
+import json
 import logging
 import re
 import secrets
-from datetime import datetime, timedelta, timezone
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode, urlparse
 
 import asyncpg
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from mcp.server.auth.handlers.token import TokenHandler
 from mcp.server.auth.middleware.client_auth import ClientAuthenticator
 from mcp.server.auth.provider import AccessToken, AuthorizationCode, AuthorizationParams, RefreshToken, TokenError
@@ -30,13 +33,25 @@ from starlette.routing import Route
 
 from services.gateway.auth import OAUTH_TOKEN_PREFIX as TOKEN_PREFIX
 from services.gateway.auth import Authenticator, bearer_token
-from shared.domain.principal import Principal
+from services.gateway.limits import RateLimiter
+from services.gateway.oauth_consent import CSRF_COOKIE, CSRF_FIELD, KEY_FIELD, ConsentCsrf, ConsentRefused, consent_page, consenting_key
 from shared.repositories import oauth as oauth_repo
 from shared.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
 
 MASTER_SUBJECT = "master"
+# /register limits: the endpoint takes unauthenticated requests, and what it accepts is stored.
+MAX_CLIENT_NAME_CHARS = 200
+MAX_REDIRECT_URIS = 10
+MAX_REDIRECT_URI_CHARS = 2000
+MAX_METADATA_CHARS = 4000
+# RFC 7591 §2 client metadata kept beside the name and redirect URIs; anything else is ignored
+# (the RFC lets a server ignore what it does not understand).
+KEPT_METADATA = (
+    "grant_types", "response_types", "token_endpoint_auth_method", "scope", "client_uri", "logo_uri",
+    "contacts", "tos_uri", "policy_uri", "software_id", "software_version",
+)
 
 
 def base_url(request: Request) -> str:
@@ -44,8 +59,13 @@ def base_url(request: Request) -> str:
     return f"{scheme}://{request.headers.get('host', request.url.netloc)}"
 
 
-def redirect_allowed(uri: str, allowlist: list[str]) -> bool:
-    """Same scheme and host as an allow-list entry (and its port, when the entry names one)."""
+def redirect_allowed(uri: str, allowlist: list[str], exact: list[str]) -> bool:
+    """Equal to an exact entry, or the same scheme and host as an origin entry of the allow-list
+    (and its port, when the entry names one)."""
+    if uri in exact:
+        return True
+    if "#" in uri:  # RFC 6749 §3.1.2: a redirection endpoint URI has no fragment
+        return False
     try:
         candidate = urlparse(uri)
         candidate_port = candidate.port
@@ -60,12 +80,20 @@ def redirect_allowed(uri: str, allowlist: list[str]) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class RegisteredClient:
+    client_id: str
+    redirect_uris: tuple[str, ...]  # as registered, compared exactly
+    key_id: str | None  # the API key whose Bearer registered it
+
+
 class OAuthService:
     """Our OAuthAuthorizationServerProvider (the parts the SDK's token handler calls)."""
 
     def __init__(self, pool: asyncpg.Pool, settings: GatewaySettings) -> None:
         self.pool = pool
         self.settings = settings
+        self.csrf = ConsentCsrf(settings.access_key)
 
     async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
         async with self.pool.acquire() as conn:
@@ -74,21 +102,29 @@ class OAuthService:
             return None
         return OAuthClientInformationFull(
             client_id=row["client_id"], client_name=row["client_name"], redirect_uris=[AnyUrl(u) for u in row["redirect_uris"]],
-            token_endpoint_auth_method="none", grant_types=["authorization_code"], response_types=["code"],
+            token_endpoint_auth_method="none",  # noqa: S106 - public clients (PKCE), not a secret
+            grant_types=["authorization_code"], response_types=["code"],
         )
 
-    async def client_key(self, client_id: str) -> tuple[bool, str | None]:
-        """(bound to an API key?, that key's id)."""
+    async def registered(self, client_id: str) -> RegisteredClient | None:
         async with self.pool.acquire() as conn:
             row = await oauth_repo.get_client(conn, client_id)
-        return (row is not None and row["key_id"] is not None), (row["key_id"] if row else None)
+        if row is None:
+            return None
+        return RegisteredClient(row["client_id"], tuple(row["redirect_uris"]), row["key_id"])
+
+    async def code_redirect_uri(self, code: str, client_id: str) -> str | None:
+        """The redirect URI an unused code was issued for, as given at /authorize."""
+        async with self.pool.acquire() as conn:
+            row = await oauth_repo.get_unused_code(conn, code, client_id)
+        return row["redirect_uri"] if row else None
 
     async def issue_code(self, client_id: str, key_id: str | None, redirect_uri: str, challenge: str, resource: str | None) -> str:
         code = secrets.token_urlsafe(32)
         async with self.pool.acquire() as conn:
             await oauth_repo.create_code(
                 conn, code=code, client_id=client_id, key_id=key_id, redirect_uri=redirect_uri, code_challenge=challenge,
-                scopes=[], resource=resource, expires_at=datetime.now(timezone.utc) + self.settings.oauth_code_ttl,
+                scopes=[], resource=resource, expires_at=datetime.now(UTC) + self.settings.oauth_code_ttl,
             )
         return code
 
@@ -107,15 +143,15 @@ class OAuthService:
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         ttl: timedelta = self.settings.oauth_token_ttl
         key_id = None if authorization_code.subject == MASTER_SUBJECT else authorization_code.subject
-        async with self.pool.acquire() as conn:
-            async with conn.transaction():
-                if not await oauth_repo.use_code(conn, authorization_code.code):
-                    raise TokenError("invalid_grant", "authorization code already used")
-                await oauth_repo.create_token(
-                    conn, token=token, client_id=authorization_code.client_id, key_id=key_id,
-                    scopes=authorization_code.scopes, expires_at=datetime.now(timezone.utc) + ttl,
-                )
-        return OAuthToken(access_token=token, token_type="Bearer", expires_in=int(ttl.total_seconds()))
+        async with self.pool.acquire() as conn, conn.transaction():
+            # Single use: the code is spent in the same transaction that stores the token.
+            if not await oauth_repo.use_code(conn, authorization_code.code):
+                raise TokenError("invalid_grant", "authorization code already used")
+            await oauth_repo.create_token(
+                conn, token=token, client_id=authorization_code.client_id, key_id=key_id,
+                scopes=authorization_code.scopes, expires_at=datetime.now(UTC) + ttl,
+            )
+        return OAuthToken(access_token=token, token_type="Bearer", expires_in=int(ttl.total_seconds()))  # noqa: S106 - a scheme name
 
     async def load_refresh_token(self, client: OAuthClientInformationFull, refresh_token: str) -> RefreshToken | None:
         return None  # seed: authorization_code is the only grant
@@ -172,16 +208,25 @@ async def register(request: Request) -> JSONResponse:
     redirect_uris = body.get("redirect_uris")
     if not isinstance(redirect_uris, list) or not redirect_uris or not all(isinstance(u, str) for u in redirect_uris):
         return _error(400, "invalid_redirect_uri", "redirect_uris must be a non-empty list of URIs")
-    refused = [u for u in redirect_uris if not redirect_allowed(u, state.settings.oauth_redirect_allowlist)]
+    if len(redirect_uris) > MAX_REDIRECT_URIS or any(len(u) > MAX_REDIRECT_URI_CHARS for u in redirect_uris):
+        return _error(400, "invalid_redirect_uri", f"at most {MAX_REDIRECT_URIS} redirect URIs of {MAX_REDIRECT_URI_CHARS} characters")
+    settings: GatewaySettings = state.settings
+    refused = [u for u in redirect_uris if not redirect_allowed(u, settings.oauth_redirect_allowlist, settings.oauth_redirect_exact_uris)]
     if refused:
-        return _error(400, "invalid_redirect_uri", f"redirect URI not allowed: {refused[0]}")
-    client_name = body.get("client_name") if isinstance(body.get("client_name"), str) else None
+        return _error(400, "invalid_redirect_uri", f"redirect URI not allowed: {refused[0][:200]}")
+    client_name = body.get("client_name")
+    if client_name is not None and (not isinstance(client_name, str) or len(client_name) > MAX_CLIENT_NAME_CHARS):
+        return _error(400, "invalid_client_metadata", f"client_name must be a string of at most {MAX_CLIENT_NAME_CHARS} characters")
+    metadata = {k: body[k] for k in KEPT_METADATA if k in body}
+    if len(json.dumps(metadata)) > MAX_METADATA_CHARS:
+        return _error(400, "invalid_client_metadata", f"client metadata must stay under {MAX_METADATA_CHARS} characters")
     key_id = None
     token = bearer_token(request.headers.get("authorization"))
     if token is not None:
-        principal = await state.authenticator.authenticate(token)
+        # An OAuth access token does not bind a client: only the key itself (or the master key) does.
+        principal = None if token.startswith(TOKEN_PREFIX) else await state.authenticator.authenticate(token)
         if principal is None:
-            return _error(401, "invalid_token", "the Bearer credential is not valid")
+            return _error(401, "invalid_token", "the Bearer credential must be an API key or the master key")
         key_id = principal.key_id
     if key_id is not None:
         # seed: "<name>_<keyIdHex8>", URL-safe
@@ -190,10 +235,12 @@ async def register(request: Request) -> JSONResponse:
     else:
         client_id = f"mmcp_{secrets.token_hex(12)}"
     async with state.pool.acquire() as conn:
-        await oauth_repo.create_client(
-            conn, client_id=client_id, client_name=client_name, redirect_uris=redirect_uris, key_id=key_id,
-            metadata={k: v for k, v in body.items() if k not in ("redirect_uris", "client_name")},
+        row = await oauth_repo.create_client(
+            conn, client_id=client_id, client_name=client_name, redirect_uris=redirect_uris, key_id=key_id, metadata=metadata,
         )
+    if row is None:
+        # Another key whose id starts with the same eight hex digits registered this name first.
+        return _error(400, "invalid_client_metadata", "this client_name is taken for another key; choose another")
     return JSONResponse(
         {
             "client_id": client_id,
@@ -209,17 +256,16 @@ async def register(request: Request) -> JSONResponse:
 AUTH_FIELDS = ("response_type", "client_id", "redirect_uri", "code_challenge", "code_challenge_method", "state", "resource")
 
 
-async def _validated(request: Request, params: dict[str, str]) -> tuple[str, str | None] | Response:
-    """(client_id, bound key id) or the error response."""
+async def _validated(request: Request, params: dict[str, str]) -> RegisteredClient | Response:
+    """The client, when the authorization request is well formed; else the error response (never
+    a redirect: the redirect URI is not trusted yet)."""
     service: OAuthService = request.app.state.oauth
     client_id = params.get("client_id", "")
-    client = await service.get_client(client_id) if client_id else None
+    client = await service.registered(client_id) if client_id else None
     if client is None:
         return _error(400, "invalid_client", "unknown client_id")
-    redirect_uri = params.get("redirect_uri", "")
-    if redirect_uri not in [str(u) for u in client.redirect_uris or []] and redirect_uri not in [
-        str(u).rstrip("/") for u in client.redirect_uris or []
-    ]:
+    # RFC 6749 §3.1.2.3 / Security BCP §4.1.3: exact string match against the registered URIs.
+    if params.get("redirect_uri", "") not in client.redirect_uris:
         return _error(400, "invalid_request", "redirect_uri is not registered for this client")
     if params.get("response_type") != "code":
         return _error(400, "unsupported_response_type", "response_type must be code")
@@ -227,8 +273,7 @@ async def _validated(request: Request, params: dict[str, str]) -> tuple[str, str
         return _error(400, "invalid_request", "code_challenge is required (PKCE)")
     if params.get("code_challenge_method") != "S256":
         return _error(400, "invalid_request", "code_challenge_method must be S256")
-    bound, key_id = await service.client_key(client_id)
-    return client_id, key_id if bound else None
+    return client
 
 
 def _redirect(uri: str, query: dict[str, str]) -> RedirectResponse:
@@ -241,19 +286,7 @@ async def authorize_page(request: Request) -> Response:
     checked = await _validated(request, params)
     if isinstance(checked, Response):
         return checked
-    client_id, key_id = checked
-    hidden = "".join(f'<input type="hidden" name="{k}" value="{html.escape(v)}">' for k, v in params.items())
-    who = (
-        f"<p>This client is bound to API key <code>{html.escape(key_id[:8])}</code>; it will act as that key.</p>"
-        if key_id
-        else '<p><label>Access key <input type="password" name="access_key" autocomplete="off"></label></p>'
-    )
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Authorize {html.escape(client_id)}</title></head>
-<body><h1>Allow <code>{html.escape(client_id)}</code> to use your Engram memory?</h1>
-<form method="post" action="/authorize">{hidden}{who}
-<button type="submit" name="decision" value="allow">Allow</button>
-<button type="submit" name="decision" value="deny">Deny</button></form></body></html>"""
-    return HTMLResponse(page, headers={"Cache-Control": "no-store", "X-Frame-Options": "DENY"})
+    return consent_page(request, client_id=checked.client_id, bound_key_id=checked.key_id, params=params, csrf=request.app.state.oauth.csrf)
 
 
 async def authorize_decision(request: Request) -> Response:
@@ -262,31 +295,64 @@ async def authorize_decision(request: Request) -> Response:
     checked = await _validated(request, params)
     if isinstance(checked, Response):
         return checked
-    client_id, key_id = checked
+    client = checked
+    service: OAuthService = request.app.state.oauth
     redirect_uri = params["redirect_uri"]
     state_param = {"state": params["state"]} if params.get("state") else {}
     if form.get("decision") != "allow":
         return _redirect(redirect_uri, {"error": "access_denied", **state_param})
-    if key_id is None:
-        # Not bound to a key: whoever consents names the tenant with their own key.
+
+    def again(error: str, status: int, headers: dict[str, str] | None = None) -> Response:
+        return consent_page(
+            request, client_id=client.client_id, bound_key_id=client.key_id, params=params, csrf=service.csrf,
+            error=error, status=status, headers=headers,
+        )
+
+    # Wrong keys are throttled per client IP with the gateway's limiter; the check comes first,
+    # so past the limit even the right key waits (a throttled guesser learns nothing).
+    limiter: RateLimiter = request.app.state.limiter
+    limit = service.settings.oauth_consent_failures_per_min
+    address = request.client.host if request.client else "unknown"
+    throttled, retry = await limiter.exceeded("consent", address, limit)
+    if throttled:
+        return again(f"Too many wrong keys from this address; try again in {retry} s.", 429, {"Retry-After": str(retry)})
+    try:
+        service.csrf.check(str(form.get(CSRF_FIELD) or ""), request.cookies.get(CSRF_COOKIE), params)
         authenticator: Authenticator = request.app.state.authenticator
-        principal: Principal | None = await authenticator.authenticate(str(form.get("access_key") or "") or None)
-        if principal is None:
-            return _error(401, "access_denied", "a valid access key is required to consent")
-        key_id = principal.key_id
-        subject_key = key_id
-    else:
-        subject_key = key_id
-    code = await request.app.state.oauth.issue_code(client_id, subject_key, redirect_uri, params["code_challenge"], params.get("resource"))
+        key_id = await consenting_key(authenticator, str(form.get(KEY_FIELD) or ""), client.key_id)
+    except ConsentRefused as refused:
+        if refused.wrong_key:
+            await limiter.hit("consent", address, limit)
+        return again(refused.message, refused.status)
+    code = await service.issue_code(client.client_id, key_id, redirect_uri, params["code_challenge"], params.get("resource"))
     return _redirect(redirect_uri, {"code": code, **state_param})
+
+
+async def _token_redirect_differs(service: OAuthService, request: Request) -> Response | None:
+    """RFC 6749 §4.1.3: the redirect_uri at /token must be identical to /authorize's. The SDK
+    compares the two after URL normalisation (`/cb/../cb` equals `/cb`), so the strings first."""
+    form = await request.form()  # cached on the request: the SDK's handler reads the same form
+    code, client_id, redirect_uri = (form.get(k) for k in ("code", "client_id", "redirect_uri"))
+    if not (isinstance(code, str) and isinstance(client_id, str) and isinstance(redirect_uri, str)):
+        return None  # the SDK's own validation answers
+    issued = await service.code_redirect_uri(code, client_id)
+    if issued is None or issued == redirect_uri:
+        return None
+    return JSONResponse(
+        {"error": "invalid_grant", "error_description": "redirect_uri differs from the one given at /authorize"},
+        status_code=400, headers={"Cache-Control": "no-store"},
+    )
 
 
 def install_oauth(app: FastAPI) -> None:
     class _Token:
         async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-            service = app.state.oauth
-            handler = TokenHandler(service, ClientAuthenticator(service))  # type: ignore[arg-type]
-            response = await handler.handle(Request(scope, receive))
+            service: OAuthService = app.state.oauth
+            request = Request(scope, receive)
+            response = await _token_redirect_differs(service, request)
+            if response is None:
+                handler = TokenHandler(service, ClientAuthenticator(service))  # type: ignore[arg-type]
+                response = await handler.handle(request)
             await response(scope, receive, send)
 
     app.add_api_route("/.well-known/oauth-authorization-server", authorization_server_metadata, methods=["GET"])

@@ -17,14 +17,17 @@ def digest(value: str) -> str:
 async def create_client(
     conn: asyncpg.Connection, *, client_id: str, client_name: str | None, redirect_uris: list[str],
     key_id: str | None, metadata: dict[str, Any],
-) -> asyncpg.Record:
-    """Register (or, for an API-key-bound name, re-register) a client."""
+) -> asyncpg.Record | None:
+    """Register (or, for an API-key-bound name, re-register) a client. None when the id is
+    already another key's (`<name>_<keyIdHex8>` names only eight hex digits of the key id):
+    only the key a client was registered with may change its redirect URIs."""
     return await conn.fetchrow(
         """
         INSERT INTO oauth_clients (client_id, client_name, redirect_uris, key_id, metadata)
         VALUES ($1, $2, $3, $4, $5::jsonb)
         ON CONFLICT (client_id) DO UPDATE SET client_name = EXCLUDED.client_name,
             redirect_uris = EXCLUDED.redirect_uris, metadata = EXCLUDED.metadata
+        WHERE oauth_clients.key_id IS NOT DISTINCT FROM EXCLUDED.key_id
         RETURNING *
         """,
         client_id, client_name, redirect_uris, key_id, json.dumps(metadata),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 import secrets
 from urllib.parse import parse_qs, urlparse
 
@@ -59,7 +60,7 @@ async def test_registration(stack: Stack) -> None:
         bound = (await register(http, stack, raw, client_name="My Agent")).json()
         assert bound["client_id"] == f"My-Agent_{key_id[:8]}"
         assert (await register(http, stack, "mmcp_wrong")).status_code == 401
-        for uri in ("https://claude.ai/api/mcp/auth_callback", "http://localhost.evil.com/cb", "not a uri"):
+        for uri in ("http://localhost.evil.com/cb", "not a uri", "http://localhost:8976/cb#fragment"):
             refused = await register(http, stack, redirect_uris=[uri])
             assert refused.status_code == 400 and refused.json()["error"] == "invalid_redirect_uri"
         assert (await register(http, stack, redirect_uris=[])).status_code == 400
@@ -94,11 +95,23 @@ async def test_deny_redirects_with_access_denied(stack: Stack) -> None:
         assert parse_qs(location.query) == {"error": ["access_denied"], "state": ["st-1"]}
 
 
-async def _code(http: httpx.AsyncClient, stack: Stack, client_id: str, challenge: str, access_key: str | None = None) -> str:
-    form = {**auth_params(client_id, challenge), "decision": "allow"}
-    if access_key:
-        form["access_key"] = access_key
-    allowed = await http.post(f"{stack.gateway_url}/authorize", data=form)
+def csrf_field(page: httpx.Response) -> str:
+    """The consent form's hidden CSRF token, read the way a browser submits it."""
+    found = re.search(r'name="csrf_token" value="([^"]+)"', page.text)
+    assert found, page.text
+    return found[1]
+
+
+async def consent_form(http: httpx.AsyncClient, stack: Stack, params: dict[str, str]) -> dict[str, str]:
+    """Open the consent page (its cookie stays in `http`) and return the form it asks to post back."""
+    page = await http.get(f"{stack.gateway_url}/authorize", params=params)
+    assert page.status_code == 200, page.text
+    return {**params, "csrf_token": csrf_field(page)}
+
+
+async def _code(http: httpx.AsyncClient, stack: Stack, client_id: str, challenge: str, access_key: str) -> str:
+    form = await consent_form(http, stack, auth_params(client_id, challenge))
+    allowed = await http.post(f"{stack.gateway_url}/authorize", data={**form, "decision": "allow", "access_key": access_key})
     assert allowed.status_code == 302, allowed.text
     query = parse_qs(urlparse(allowed.headers["location"]).query)
     assert query["state"] == ["st-1"]
@@ -120,8 +133,8 @@ async def test_bound_client_flow_restores_the_key_tenant(stack: Stack) -> None:
         client_id = (await register(http, stack, raw, client_name="agent")).json()["client_id"]
         verifier, challenge = pkce()
         page = await http.get(f"{stack.gateway_url}/authorize", params=auth_params(client_id, challenge))
-        assert key_id[:8] in page.text and "access_key" not in page.text
-        code = await _code(http, stack, client_id, challenge)
+        assert key_id[:8] in page.text and 'name="access_key"' in page.text
+        code = await _code(http, stack, client_id, challenge, access_key=raw)
         assert (await _token(http, stack, client_id, code, "wrong-verifier-" + "x" * 40)).json()["error"] == "invalid_grant"
         assert (await _token(http, stack, client_id, code, verifier, "http://localhost:8976/elsewhere")).status_code == 400
         token = await _token(http, stack, client_id, code, verifier)
@@ -143,10 +156,10 @@ async def test_unbound_client_needs_a_key_at_consent(stack: Stack) -> None:
     async with httpx.AsyncClient() as http:
         client_id = (await register(http, stack)).json()["client_id"]
         verifier, challenge = pkce()
-        page = await http.get(f"{stack.gateway_url}/authorize", params=auth_params(client_id, challenge))
-        assert 'name="access_key"' in page.text
-        refused = await http.post(f"{stack.gateway_url}/authorize", data={**auth_params(client_id, challenge), "decision": "allow"})
-        assert refused.status_code == 401
+        form = await consent_form(http, stack, auth_params(client_id, challenge))
+        refused = await http.post(f"{stack.gateway_url}/authorize", data={**form, "decision": "allow"})
+        assert refused.status_code == 401 and "location" not in refused.headers
+        assert 'name="access_key"' in refused.text  # the page again, to try once more
         code = await _code(http, stack, client_id, challenge, access_key=raw)
         access = (await _token(http, stack, client_id, code, verifier)).json()["access_token"]
     async with mcp_session(stack.mcp_url, access) as s:

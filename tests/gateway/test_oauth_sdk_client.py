@@ -13,6 +13,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 from pydantic import AnyUrl
 
+from tests.gateway.test_oauth import csrf_field
 from tests.support import Stack, create_api_key, payload, unique
 
 REDIRECT = "http://localhost:8976/callback"
@@ -41,12 +42,14 @@ async def test_sdk_oauth_client_end_to_end(stack: Stack) -> None:
     answered: dict[str, str] = {}
 
     async def redirect_handler(authorization_url: str) -> None:
-        # The "user": open the consent page, consent as the API key, follow nothing further.
+        # The "user": open the consent page, type the API key into it and allow (the browser
+        # posts the page's hidden CSRF token and keeps its cookie), follow nothing further.
         async with httpx.AsyncClient() as browser:
             page = await browser.get(authorization_url)
             assert page.status_code == 200 and 'name="decision"' in page.text
             query = {k: v[0] for k, v in parse_qs(urlparse(authorization_url).query).items()}
-            consent = await browser.post(f"{stack.gateway_url}/authorize", data={**query, "decision": "allow", "access_key": raw})
+            form = {**query, "csrf_token": csrf_field(page), "decision": "allow", "access_key": raw}
+            consent = await browser.post(f"{stack.gateway_url}/authorize", data=form)
         assert consent.status_code == 302, consent.text
         back = parse_qs(urlparse(consent.headers["location"]).query)
         answered["code"], answered["state"] = back["code"][0], back["state"][0]
