@@ -19,6 +19,7 @@ import asyncpg
 from prometheus_client import Counter, Histogram
 
 from services.maintenance.similarity import SimilarPair, similar_pairs
+from shared.domain.autoreflect import same_session_reflections
 from shared.domain.dedup import CONTRADICTION_MIN, SEMANTIC_DUPLICATE_MIN, contradiction_signal, decide_merge
 from shared.domain.passages import embedding_inputs, passages, split_vectors
 from shared.embeddings import Embedder
@@ -149,7 +150,7 @@ async def _contradictions(ctx: CycleContext, conn: asyncpg.Connection, limit: in
             ctx.capped = True
             break
         a, b = pair.a, pair.b
-        if a["id"] in ctx.merged_away or b["id"] in ctx.merged_away:
+        if a["id"] in ctx.merged_away or b["id"] in ctx.merged_away or same_session_reflections(a, b):
             continue
         found = contradiction_signal(a["content"], b["content"])
         if found is not None:

@@ -1,9 +1,11 @@
-"""AutoReflect: a finished session's fragments and activity become reflect fragments.
+"""AutoReflect: a finished session's decisions, errors, procedures and open questions become
+reflect fragments, each linked to the fragment it came from.
 
 The extraction is deterministic (shared.domain.autoreflect); an LLM, when configured, only
-rewrites the narrative, within GEMINI_TIMEOUT_MS and the run's call budget. The fragments
-are written by ingest's `reflect` tool over internal HTTP, as the session's key, so quota,
-workspace rules and dedup are ingest's, not re-implemented here.
+adds a narrative, within GEMINI_TIMEOUT_MS and the run's call budget. The fragments are
+written by ingest's `reflect` tool, and each item is tied to its source fragment by ingest's
+`link` tool, over internal HTTP as the session's key, so quota, workspace rules, dedup and
+link rules are ingest's, not re-implemented here.
 """
 
 from __future__ import annotations
@@ -61,19 +63,13 @@ async def _reflect_locked(rt: WorkerRuntime, conn: Any, session_id: str, key_id:
         # The row is the authority on whose session this is: never reflect into another tenant.
         key_id = session["key_id"]
     fragments = [dict(r) for r in await runs_repo.session_fragments(conn, session_id, key_id)]
-    activity = session["activity"] if session is not None else []
-    if isinstance(activity, str):
-        activity = json.loads(activity)
-    digest = digest_session(
-        session_id, fragments, activity or [], reason=reason or (session["end_reason"] if session else None),
-        started_at=session["started_at"] if session else None, ended_at=session["ended_at"] if session else None,
-    )
+    digest = digest_session(fragments)
     tenant = Tenant(all=False, key_id=key_id)
     run_id = await runs_repo.create_run(conn, "auto_reflect", tenant, {"sessionId": session_id, "reason": reason})
     await runs_repo.claim_run(conn, run_id)
     if digest.empty:
         await runs_repo.mark_reflected(conn, session_id)
-        result = {"sessionId": session_id, "reflected": 0, "reason": "nothing to reflect"}
+        result = {"sessionId": session_id, "reflected": 0, "reason": "no decisions, errors, procedures or open questions"}
         await runs_repo.finish_run(conn, run_id, "succeeded", result)
         return result
 
@@ -93,7 +89,14 @@ async def _reflect_locked(rt: WorkerRuntime, conn: Any, session_id: str, key_id:
 
     arguments = digest.reflect_arguments()
     try:
-        reply = await _call_reflect(rt, principal.to_wire(), session_id, arguments)
+        reply, refused = await _call_ingest(rt, "reflect", principal.to_wire(), session_id, arguments)
+        if refused:
+            raise ReflectFailed(f"ingest reflect failed: {json.dumps(reply)[:200]}")
+        # A link is upserted, so a retried run relinks harmlessly; one ingest refuses (its
+        # source forgotten meanwhile) is left out rather than failing the whole reflection.
+        linked = 0
+        for link in digest.source_links(reply.get("fragments") or []):
+            linked += not (await _call_ingest(rt, "link", principal.to_wire(), session_id, link))[1]
     except ReflectFailed as exc:
         await runs_repo.record_reflect_failure(conn, session_id, str(exc))
         await runs_repo.finish_run(conn, run_id, "failed", {"arguments": arguments, **budget.report()}, str(exc))
@@ -103,6 +106,7 @@ async def _reflect_locked(rt: WorkerRuntime, conn: Any, session_id: str, key_id:
         "sessionId": session_id,
         "reflected": reply.get("count", len(reply.get("fragments", []) or [])),
         "breakdown": reply.get("breakdown"),
+        "linked": linked,
         "llmNarrative": rt.llm.configured and budget.used > 0 and budget.failed == 0,
         **budget.report(),
     }
@@ -110,8 +114,11 @@ async def _reflect_locked(rt: WorkerRuntime, conn: Any, session_id: str, key_id:
     return result
 
 
-async def _call_reflect(rt: WorkerRuntime, principal: dict[str, Any], session_id: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    url = rt.settings.ingest_url.split(",")[0].rstrip("/") + "/v1/tools/reflect"
+async def _call_ingest(
+    rt: WorkerRuntime, tool: str, principal: dict[str, Any], session_id: str, arguments: dict[str, Any],
+) -> tuple[dict[str, Any], bool]:
+    """The tool's result and whether it answered isError; ReflectFailed when ingest did not answer."""
+    url = rt.settings.ingest_url.split(",")[0].rstrip("/") + f"/v1/tools/{tool}"
     headers = inject_headers({SERVICE_TOKEN_HEADER: rt.settings.service_token})
     body = {"arguments": arguments, "principal": principal, "session": {"id": session_id}}
     try:
@@ -120,11 +127,9 @@ async def _call_reflect(rt: WorkerRuntime, principal: dict[str, Any], session_id
     except httpx.HTTPError as exc:
         raise ReflectFailed(f"ingest unreachable: {exc.__class__.__name__}") from exc
     if response.status_code != 200:
-        raise ReflectFailed(f"ingest reflect answered {response.status_code}: {response.text[:200]}")
+        raise ReflectFailed(f"ingest {tool} answered {response.status_code}: {response.text[:200]}")
     payload = response.json()
-    if payload.get("isError"):
-        raise ReflectFailed(f"ingest reflect failed: {json.dumps(payload.get('result'))[:200]}")
-    return payload.get("result") or {}
+    return payload.get("result") or {}, bool(payload.get("isError"))
 
 
 async def unreflected(rt: WorkerRuntime) -> list[dict[str, Any]]:

@@ -1,131 +1,134 @@
-"""AutoReflect's deterministic extraction: a finished session's fragments and activity turned
-into reflect arguments (decisions, errors, procedures, open questions, an episode).
+"""AutoReflect's deterministic extraction: a finished session's decisions, errors, procedures
+and open questions turned into reflect arguments, each item remembering its source fragment.
 
-No LLM is needed; when one is configured it may only replace the narrative (episode) with a
-better one. The same session always yields the same arguments, so a redelivered job
-re-stores identical content (which ingest deduplicates by content hash).
+Only what a later agent can act on is written: a tool-use tally ("used recall x193 and stored
+no fragments") or a count of what was stored tells it nothing, ranked for unrelated queries
+and filled lightly used keys with noise, so a session without such items leaves no fragment.
+No LLM is needed; when one is configured it may only add a narrative (episode) to a session
+that has items. The same session always yields the same arguments, so a redelivered job
+re-stores identical content (which ingest deduplicates by content hash); a decision or
+procedure handed over verbatim maps onto the fragment that already says so.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
+
+from shared.domain.fragment import STORED_CONTENT_CHARS
 
 # seed: each reflect item is one fact/decision/procedure; cap each list so a long session
 # does not become a wall of fragments.
 MAX_ITEMS = 10
-ITEM_CHARS = 280
+# Items are cut where remember cuts stored content, so a verbatim item keeps its source's
+# content hash and is not stored a second time.
+ITEM_CHARS = STORED_CONTENT_CHARS
 REFLECT_TOPIC = "session_reflect"
+CATEGORIES = ("decisions", "errors_resolved", "new_procedures", "open_questions")
+# How an item that is not its source verbatim is linked to it: a resolved error's item
+# carries the fix (source resolved_by item); the rest restate their source.
+SOURCE_RELATION = {"errors_resolved": "resolved_by"}
+
+
+@dataclass(frozen=True)
+class Item:
+    category: str  # one of CATEGORIES
+    content: str
+    source_id: str
 
 
 @dataclass
 class SessionDigest:
-    decisions: list[str] = field(default_factory=list)
-    errors_resolved: list[str] = field(default_factory=list)
-    new_procedures: list[str] = field(default_factory=list)
-    open_questions: list[str] = field(default_factory=list)
-    summary: list[str] = field(default_factory=list)
-    narrative_summary: str = ""
+    items: list[Item] = field(default_factory=list)
+    narrative_summary: str = ""  # only ever an LLM's
     workspace: str | None = None
-    fragment_count: int = 0
 
     @property
     def empty(self) -> bool:
-        return self.fragment_count == 0 and not self.summary
+        return not self.items
 
     def reflect_arguments(self) -> dict[str, Any]:
-        args: dict[str, Any] = {"summary": self.summary, "narrative_summary": self.narrative_summary}
-        for name in ("decisions", "errors_resolved", "new_procedures", "open_questions"):
-            if getattr(self, name):
-                args[name] = getattr(self, name)
+        args: dict[str, Any] = {}
+        for name in CATEGORIES:
+            values = [i.content for i in self.items if i.category == name]
+            if values:
+                args[name] = values
+        if self.narrative_summary:
+            args["narrative_summary"] = self.narrative_summary
         if self.workspace is not None:
             args["workspace"] = self.workspace
         return args
 
+    def source_links(self, stored: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """link arguments tying each stored item to its source fragment. `stored`: reflect's
+        reply fragments ({id, content}); an item ingest mapped onto its source needs none."""
+        ids = {f["content"]: f["id"] for f in stored}
+        links = []
+        for item in self.items:
+            item_id = ids.get(item.content)
+            if item_id is None or item_id == item.source_id:
+                continue
+            relation = SOURCE_RELATION.get(item.category, "related")
+            if relation == "resolved_by":
+                links.append({"fromId": item.source_id, "toId": item_id, "relationType": relation})
+            else:
+                links.append({"fromId": item_id, "toId": item.source_id, "relationType": relation})
+        return links
+
 
 def _cut(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= ITEM_CHARS else text[: ITEM_CHARS - 1].rstrip() + "…"
+    text = text.strip()
+    if len(text) <= ITEM_CHARS:
+        return text
+    return " ".join(text.split())[: ITEM_CHARS - 1].rstrip() + "…"
 
 
-def _unique(items: list[str]) -> list[str]:
-    seen: set[str] = set()
-    out = []
+def _unique(items: list[Item]) -> list[Item]:
+    seen: set[tuple[str, str]] = set()
+    out: list[Item] = []
+    counts: Counter[str] = Counter()
     for item in items:
-        if item and item not in seen:
-            seen.add(item)
+        key = (item.category, item.content)
+        if item.content and key not in seen and counts[item.category] < MAX_ITEMS:
+            seen.add(key)
+            counts[item.category] += 1
             out.append(item)
-    return out[:MAX_ITEMS]
+    return out
 
 
-def _duration(started: datetime | None, ended: datetime | None) -> str | None:
-    if started is None or ended is None:
+def _item(f: Mapping[str, Any]) -> Item | None:
+    content = f["content"]
+    if f["type"] == "decision":
+        return Item("decisions", _cut(content), f["id"])
+    if f["type"] == "procedure":
+        return Item("new_procedures", _cut(content), f["id"])
+    if f["type"] != "error":
         return None
-    minutes = max(0, int((ended - started).total_seconds() // 60))
-    return f"{minutes} min" if minutes < 120 else f"{minutes // 60} h {minutes % 60} min"
+    if f.get("resolution_status") == "open":
+        return Item("open_questions", _cut(f"Unresolved: {content}"), f["id"])
+    if f.get("outcome"):
+        return Item("errors_resolved", _cut(f"Cause: {content} -> Fix: {f['outcome']}"), f["id"])
+    return Item("errors_resolved", _cut(content), f["id"])
 
 
-def digest_session(
-    session_id: str,
-    fragments: list[dict[str, Any]],
-    activity: list[dict[str, Any]],
-    *,
-    reason: str | None,
-    started_at: datetime | None = None,
-    ended_at: datetime | None = None,
-) -> SessionDigest:
-    """fragments: dicts with type, content, topic, workspace, resolution_status, outcome,
-    created_at (oldest first); activity: the gateway's [{"tool", "at"}] entries."""
+def digest_session(fragments: Sequence[Mapping[str, Any]]) -> SessionDigest:
+    """fragments: the session's, as dicts with id, type, content, topic, workspace,
+    resolution_status, outcome (oldest first). Reflections of the session are not sources."""
     frags = [f for f in fragments if f.get("topic") != REFLECT_TOPIC]
-    digest = SessionDigest(fragment_count=len(frags))
-    by_type: dict[str, list[dict[str, Any]]] = {}
-    for f in frags:
-        by_type.setdefault(f["type"], []).append(f)
+    items = _unique([i for i in (_item(f) for f in frags) if i is not None])
+    # Items in the reflect tool's order (category by category), each list oldest first.
+    items.sort(key=lambda i: CATEGORIES.index(i.category))
+    sources = {i.source_id for i in items}
+    workspaces = Counter(f.get("workspace") for f in frags if f["id"] in sources and f.get("workspace"))
+    return SessionDigest(items=items, workspace=workspaces.most_common(1)[0][0] if workspaces else None)
 
-    digest.decisions = _unique([_cut(f["content"]) for f in by_type.get("decision", [])])
-    errors, open_questions = [], []
-    for f in by_type.get("error", []):
-        if f.get("resolution_status") == "open":
-            open_questions.append(_cut(f"Unresolved: {f['content']}"))
-        elif f.get("outcome"):
-            errors.append(_cut(f"Cause: {f['content']} -> Fix: {f['outcome']}"))
-        else:
-            errors.append(_cut(f["content"]))
-    digest.errors_resolved = _unique(errors)
-    digest.open_questions = _unique(open_questions)
-    digest.new_procedures = _unique([_cut(f["content"]) for f in by_type.get("procedure", [])])
 
-    workspaces = Counter(f.get("workspace") for f in frags if f.get("workspace"))
-    digest.workspace = workspaces.most_common(1)[0][0] if workspaces else None
-    topics = Counter(f["topic"] for f in frags)
-    tools = Counter(str(a.get("tool")) for a in activity if isinstance(a, dict) and a.get("tool"))
-
-    if not frags and not tools:
-        return digest
-    counts = ", ".join(f"{len(v)} {k}{'s' if len(v) != 1 else ''}" for k, v in sorted(by_type.items()))
-    topic_list = ", ".join(t for t, _ in topics.most_common(5))
-    tool_list = ", ".join(f"{t} x{n}" for t, n in tools.most_common(6))
-    duration = _duration(started_at, ended_at)
-
-    if frags:
-        digest.summary = [_cut(f"Session {session_id} stored {len(frags)} fragments ({counts}) on {topic_list}.")]
-    else:
-        digest.summary = [_cut(f"Session {session_id} used {tool_list} and stored no fragments.")]
-
-    sentences = [
-        f"Session {session_id} ended ({reason or 'ended'})" + (f" after {duration}" if duration else "") + "."
-    ]
-    if frags:
-        sentences.append(f"It stored {len(frags)} fragments ({counts}) about {topic_list}.")
-    if tools:
-        sentences.append(f"Tools used: {tool_list}.")
-    if digest.decisions:
-        sentences.append(f"Key decision: {digest.decisions[0].rstrip('.')}.")
-    if digest.errors_resolved:
-        sentences.append(f"Error handled: {digest.errors_resolved[0].rstrip('.')}.")
-    elif digest.open_questions:
-        sentences.append(f"Left open: {digest.open_questions[0].rstrip('.')}.")
-    digest.narrative_summary = " ".join(sentences[:5])
-    return digest
+def same_session_reflections(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Two reflections of one session: one account of one session, never a contradiction
+    for consolidation to link (its sources' conflicts are found on the sources)."""
+    return (
+        a["topic"] == REFLECT_TOPIC and b["topic"] == REFLECT_TOPIC
+        and a["session_id"] is not None and a["session_id"] == b["session_id"]
+    )

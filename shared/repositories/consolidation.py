@@ -241,7 +241,7 @@ async def group_members(conn: asyncpg.Connection, groups: list[tuple[str | None,
     return await conn.fetch(
         f"""
         SELECT f.id, f.key_id, f.workspace, f.topic, f.type, f.content, f.embedding, f.is_anchor,
-               f.importance, f.access_count, f.created_at, (m.upto IS NULL OR f.created_at > m.upto) AS is_new
+               f.importance, f.access_count, f.created_at, f.session_id, (m.upto IS NULL OR f.created_at > m.upto) AS is_new
         FROM fragments f
         JOIN unnest($1::text[], $2::text[], $3::text[]) AS g(k, w, t)
           ON coalesce(f.key_id, '') = coalesce(g.k, '') AND coalesce(f.workspace, '') = coalesce(g.w, '')

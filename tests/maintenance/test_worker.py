@@ -99,7 +99,10 @@ async def test_auto_reflect_on_session_end(mstack, db, embedder, producer, fake_
     assert reflected, f"session not reflected: {error}"
     rows = await db.fetch("SELECT type, content, key_id, workspace FROM fragments WHERE session_id = $1 AND topic = 'session_reflect'", sid)
     assert rows and all(r["key_id"] == key and r["workspace"] == ws for r in rows)
-    assert {"fact", "error", "episode"} <= {r["type"] for r in rows}
+    # No summary fact any more: it was a count of what the session stored, which no later
+    # agent can use (issue 17). The resolved error's cause -> fix and the LLM's narrative remain.
+    assert {"error", "episode"} <= {r["type"] for r in rows}
+    assert "fact" not in {r["type"] for r in rows}
     # The session's own decision and procedure are handed over verbatim, and ingest maps them
     # onto the fragments that already say so (content hash) instead of storing them twice.
     run = await db.fetchrow("SELECT result FROM maintenance_runs WHERE job = 'auto_reflect' AND params->>'sessionId' = $1"
