@@ -48,6 +48,11 @@ MAX_REDIRECT_URI_CHARS = 2000
 MAX_METADATA_CHARS = 4000
 # RFC 7591 §2 client metadata kept beside the name and redirect URIs; anything else is ignored
 # (the RFC lets a server ignore what it does not understand).
+MAX_RESOURCE_CHARS = 2000
+# Postgres text cannot hold NUL (a 500 where a 400 belongs), and no OAuth value needs a control character.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# RFC 7636 §4.2: an S256 challenge is BASE64URL(SHA-256(verifier)) without padding, 43 characters.
+_S256_CHALLENGE = re.compile(r"[A-Za-z0-9_-]{43}")
 KEPT_METADATA = (
     "grant_types", "response_types", "token_endpoint_auth_method", "scope", "client_uri", "logo_uri",
     "contacts", "tos_uri", "policy_uri", "software_id", "software_version",
@@ -62,6 +67,8 @@ def base_url(request: Request) -> str:
 def redirect_allowed(uri: str, allowlist: list[str], exact: list[str]) -> bool:
     """Equal to an exact entry, or the same scheme and host as an origin entry of the allow-list
     (and its port, when the entry names one)."""
+    if _CONTROL.search(uri):
+        return False
     if uri in exact:
         return True
     if "#" in uri:  # RFC 6749 §3.1.2: a redirection endpoint URI has no fragment
@@ -96,6 +103,8 @@ class OAuthService:
         self.csrf = ConsentCsrf(settings.access_key)
 
     async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
+        if _CONTROL.search(client_id):
+            return None
         async with self.pool.acquire() as conn:
             row = await oauth_repo.get_client(conn, client_id)
         if row is None:
@@ -107,6 +116,8 @@ class OAuthService:
         )
 
     async def registered(self, client_id: str) -> RegisteredClient | None:
+        if _CONTROL.search(client_id):
+            return None
         async with self.pool.acquire() as conn:
             row = await oauth_repo.get_client(conn, client_id)
         if row is None:
@@ -115,6 +126,8 @@ class OAuthService:
 
     async def code_redirect_uri(self, code: str, client_id: str) -> str | None:
         """The redirect URI an unused code was issued for, as given at /authorize."""
+        if _CONTROL.search(client_id):
+            return None
         async with self.pool.acquire() as conn:
             row = await oauth_repo.get_unused_code(conn, code, client_id)
         return row["redirect_uri"] if row else None
@@ -215,11 +228,14 @@ async def register(request: Request) -> JSONResponse:
     if refused:
         return _error(400, "invalid_redirect_uri", f"redirect URI not allowed: {refused[0][:200]}")
     client_name = body.get("client_name")
-    if client_name is not None and (not isinstance(client_name, str) or len(client_name) > MAX_CLIENT_NAME_CHARS):
+    if client_name is not None and (
+        not isinstance(client_name, str) or len(client_name) > MAX_CLIENT_NAME_CHARS or _CONTROL.search(client_name)
+    ):
         return _error(400, "invalid_client_metadata", f"client_name must be a string of at most {MAX_CLIENT_NAME_CHARS} characters")
     metadata = {k: body[k] for k in KEPT_METADATA if k in body}
-    if len(json.dumps(metadata)) > MAX_METADATA_CHARS:
-        return _error(400, "invalid_client_metadata", f"client metadata must stay under {MAX_METADATA_CHARS} characters")
+    serialized = json.dumps(metadata)
+    if len(serialized) > MAX_METADATA_CHARS or "\\u0000" in serialized:  # jsonb refuses \u0000 too
+        return _error(400, "invalid_client_metadata", f"client metadata must be under {MAX_METADATA_CHARS} characters, without NUL")
     key_id = None
     token = bearer_token(request.headers.get("authorization"))
     if token is not None:
@@ -269,10 +285,13 @@ async def _validated(request: Request, params: dict[str, str]) -> RegisteredClie
         return _error(400, "invalid_request", "redirect_uri is not registered for this client")
     if params.get("response_type") != "code":
         return _error(400, "unsupported_response_type", "response_type must be code")
-    if not params.get("code_challenge"):
-        return _error(400, "invalid_request", "code_challenge is required (PKCE)")
+    if not _S256_CHALLENGE.fullmatch(params.get("code_challenge", "")):
+        return _error(400, "invalid_request", "code_challenge is required (PKCE): the 43-character S256 challenge")
     if params.get("code_challenge_method") != "S256":
         return _error(400, "invalid_request", "code_challenge_method must be S256")
+    resource = params.get("resource")
+    if resource is not None and (len(resource) > MAX_RESOURCE_CHARS or _CONTROL.search(resource)):
+        return _error(400, "invalid_request", f"resource must be a URI of at most {MAX_RESOURCE_CHARS} characters")
     return client
 
 

@@ -161,11 +161,34 @@ async def test_default_allow_list_admits_the_documented_callback_exactly(stack: 
 async def test_registration_limits(stack: Stack) -> None:
     async with httpx.AsyncClient() as http:
         assert (await register(http, stack, client_name="n" * 200)).status_code == 201
-        for body in ({"client_name": "n" * 201}, {"client_name": 7}, {"scope": "x" * 5000}):
+        for body in ({"client_name": "n" * 201}, {"client_name": 7}, {"client_name": "a\x00b"}, {"scope": "x" * 5000}, {"scope": "\x00"}):
             refused = await register(http, stack, **body)
             assert refused.status_code == 400 and refused.json()["error"] == "invalid_client_metadata", body
-        many = await register(http, stack, redirect_uris=[f"http://localhost:{9000 + i}/cb" for i in range(11)])
-        assert many.status_code == 400 and many.json()["error"] == "invalid_redirect_uri"
+        for uris in ([f"http://localhost:{9000 + i}/cb" for i in range(11)], ["http://localhost:8976/\x00"]):
+            refused = await register(http, stack, redirect_uris=uris)
+            assert refused.status_code == 400 and refused.json()["error"] == "invalid_redirect_uri", uris
+        # Values Postgres cannot hold are refused as bad requests, never reach SQL as a 500.
+        client_id = (await register(http, stack)).json()["client_id"]
+        _, challenge = pkce()
+        for bad in ({"client_id": "x\x00"}, {"code_challenge": "short"}, {"code_challenge": challenge[:-1] + "\x00"},
+                    {"resource": "https://r/\x00"}):
+            response = await http.get(f"{stack.gateway_url}/authorize", params={**auth_params(client_id, challenge), **bad})
+            assert response.status_code == 400, bad
+        token = await http.post(f"{stack.gateway_url}/token", data={
+            "grant_type": "authorization_code", "code": "c", "client_id": "x\x00", "code_verifier": "v" * 43, "redirect_uri": REDIRECT})
+        assert token.status_code in (400, 401) and "error" in token.json()
+
+
+async def test_a_client_registered_without_a_key_or_with_the_master_key_still_needs_a_key(stack: Stack) -> None:
+    async with httpx.AsyncClient() as http:
+        for bearer in (None, stack.master_key):
+            registered = (await register(http, stack, bearer)).json()
+            assert registered["client_id"].startswith("mmcp_")  # random: bound to no key
+            _, challenge = pkce()
+            form = await consent_form(http, stack, auth_params(registered["client_id"], challenge))
+            refused = await allow(http, stack.gateway_url, form)
+            assert refused.status_code == 401 and no_code(refused)
+            assert code_of(await allow(http, stack.gateway_url, form, stack.master_key))
 
 
 async def test_a_bound_client_id_stays_with_its_key(stack: Stack) -> None:
