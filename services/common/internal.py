@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from shared.contract.base import problems
 from shared.domain.errors import EngramError, InvalidParams
 from shared.domain.principal import Principal
 from shared.telemetry import CORRELATION_HEADER, correlation_id, extract_context, new_correlation_id
@@ -58,11 +59,7 @@ def parse_arguments(model: type[BaseModel], arguments: dict[str, Any]) -> Any:
     try:
         return model.model_validate(arguments)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"]) or "arguments"
-            problems.append(f"{where}: {err['msg']}")
-        raise InvalidParams("Invalid params: " + "; ".join(problems)) from None
+        raise InvalidParams("Invalid params: " + "; ".join(problems(exc))) from None
 
 
 def database_health(service: str) -> Callable[[Request], Awaitable[JSONResponse]]:

@@ -20,6 +20,7 @@ from services.gateway import modes, skill_guide
 from services.gateway.sessions import GatewaySession, SessionRegistry
 from services.gateway.upstream import Upstreams
 from services.gateway.usage import DailyCalls
+from shared.contract.base import check_storable
 from shared.contract.catalog import TOOLS, TOOLS_BY_NAME, ToolSpec
 from shared.domain.errors import INVALID_REQUEST, EngramError, PermissionDenied
 from shared.domain.principal import Principal
@@ -223,6 +224,7 @@ def build_mcp_server(gw: GatewayContext, version: str) -> Server[Any]:
             if session is not None and gw.registry is not None:
                 segment = await gw.registry.current_segment(session, spec.name)
                 wire_session = {"id": segment, "transport_id": session.session_id}
+            check_storable(arguments)  # NaN / Infinity cannot cross the internal JSON hop
             if spec.service == "gateway":
                 result, is_error = await gateway_tool(ctx, spec, arguments)
             else:

@@ -11,6 +11,7 @@ from redis.exceptions import RedisError
 
 from services.common.internal import ToolContext, parse_arguments
 from services.ingest.service import QUOTA_EXCEEDED, TOO_SHORT, WriteResources, build_fragment, check_quota, lock_quota
+from shared.contract.base import problems
 from shared.contract.write import BatchRememberArgs, BatchStatusArgs, RememberArgs
 from shared.domain import fragment as frag
 from shared.domain.errors import InvalidParams
@@ -56,8 +57,7 @@ def plan_items(res: WriteResources, ctx: ToolContext, args: BatchRememberArgs, r
                 planned.append((i, build_fragment(parsed, ctx, res.settings, args.workspace), parsed.idempotencyKey))
                 continue
             except ValidationError as exc:
-                err = exc.errors()[0]
-                problem = f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+                problem = problems(exc)[0]
             except InvalidParams as exc:
                 problem = exc.message
         results[i] = {"index": i, "success": False, "error": problem}

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from services.common.internal import ToolContext, parse_arguments
 from services.ingest.batch import Planned, _insert_isolated, _with_redactions, validate_item
 from services.ingest.service import WriteResources, build_fragment
+from shared.contract.base import Id, problems
 from shared.contract.write import RememberArgs
 from shared.domain import fragment as frag
 from shared.domain.errors import InvalidParams, PermissionDenied
@@ -53,7 +54,7 @@ class ImportArgs(BaseModel):
     fragments: list[Any] = Field(min_length=1, max_length=IMPORT_CHUNK)
     # Every item goes to this tenant (a key id; null = the master key's own). Omitted, each
     # item keeps the key_id it carries, as an export writes it.
-    keyId: str | None = None
+    keyId: Id | None = None
 
 
 def _arguments(item: dict[str, Any]) -> dict[str, Any]:
@@ -95,8 +96,7 @@ def _fragment_of(item: Any, owner: str | None, res: WriteResources) -> frag.NewF
         parsed = RememberArgs.model_validate({**args, "dryRun": False, "supersedes": None, "linkedTo": None,
                                               "idempotencyKey": None})
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise InvalidParams(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}") from None
+        raise InvalidParams(problems(exc)[0]) from None
     ctx = ToolContext(principal=Principal(key_id=owner))
     f = build_fragment(parsed, ctx, res.settings)
     if fragment_id:

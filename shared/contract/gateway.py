@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from shared.contract.base import ToolArgs
 from shared.contract.spec import ToolSpec
 
 SKILL_SECTIONS = (
@@ -14,15 +15,11 @@ SKILL_SECTIONS = (
 )
 
 
-class GetSkillGuideArgs(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class GetSkillGuideArgs(ToolArgs):
     section: Literal[SKILL_SECTIONS] | None = None  # type: ignore[valid-type]
 
 
-class SessionRotateArgs(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class SessionRotateArgs(ToolArgs):
     # seed: the tool's reason is at most 256 characters (the HTTP endpoint's is 128).
     reason: str | None = Field(None, max_length=256)
 

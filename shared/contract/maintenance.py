@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from shared.contract.base import Label, ToolArgs
 from shared.contract.spec import ToolSpec
 
 # The stage names of the consolidation cycle (services/maintenance/pipeline.py STAGES);
@@ -14,13 +15,12 @@ CONSOLIDATION_STAGES = (
 )
 
 
-class MemoryConsolidateArgs(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class MemoryConsolidateArgs(ToolArgs):
     # seed: deprecated, kept in the schema for compatibility; no effect.
     stream: bool | None = None
-    stages: list[str] | None = Field(
-        None, description=f"Run only these stages (default: all enabled). One of: {', '.join(CONSOLIDATION_STAGES)}."
+    stages: list[Label] | None = Field(
+        None, max_length=len(CONSOLIDATION_STAGES),
+        description=f"Run only these stages (default: all enabled). One of: {', '.join(CONSOLIDATION_STAGES)}.",
     )
     wait: bool = Field(True, description="Wait (bounded) for the cycle and return its report; false returns {queued, runId}.")
 

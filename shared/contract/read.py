@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from shared.contract.base import Id, Int64, Keyword, Label, ToolArgs
 from shared.contract.spec import ToolSpec
+from shared.domain.fragment import MAX_CONTENT_CHARS, MAX_LIST_ITEMS
 
 RESPONSE_FIELDS = (
     "id", "content", "type", "topic", "keywords", "importance", "created_at", "access_count", "confidence",
@@ -14,18 +16,15 @@ RESPONSE_FIELDS = (
 )
 
 
-class TimeRange(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    from_: str | None = Field(None, alias="from")
-    to: str | None = None
+class TimeRange(ToolArgs):
+    from_: Label | None = Field(None, alias="from")
+    to: Label | None = None
 
 
-class RecallArgs(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    keywords: list[str] | None = Field(None, max_length=50)
-    text: str | None = Field(None, max_length=4000)
-    topic: str | None = None
+class RecallArgs(ToolArgs):
+    keywords: list[Keyword] | None = Field(None, max_length=50)
+    text: str | None = Field(None, max_length=MAX_CONTENT_CHARS)
+    topic: Label | None = None
     type: Literal["fact", "decision", "error", "preference", "procedure", "relation", "episode"] | None = None
     tokenBudget: int = Field(1000, ge=1, le=100_000)
     includeLinks: bool = True
@@ -34,22 +33,22 @@ class RecallArgs(BaseModel):
     includeSuperseded: bool = False
     includePeerAgents: bool = False
     includeKeyName: bool = False
-    asOf: str | None = None
+    asOf: Label | None = None
     excludeSeen: bool = True
     includeKeywords: bool = False
     includeContext: bool = False
     timeRange: TimeRange | None = None
-    caseId: str | None = None
+    caseId: Id | None = None
     resolutionStatus: Literal["open", "resolved", "abandoned"] | None = None
-    phase: str | None = None
+    phase: Label | None = None
     caseMode: bool = False
     maxCases: int = Field(5, ge=1, le=10)
     depth: Literal["high-level", "detail", "tool-level"] | None = None
-    workspace: str | None = None
-    contextText: str | None = Field(None, max_length=4000)
+    workspace: Label | None = None
+    contextText: str | None = Field(None, max_length=MAX_CONTENT_CHARS)
     cursor: str | None = None
     pageSize: int = Field(20, ge=1, le=50)
-    agentId: str | None = None
+    agentId: Id | None = None
     minImportance: float | None = Field(None, ge=0, le=1)
     isAnchor: bool | None = None
     affect: (
@@ -60,85 +59,73 @@ class RecallArgs(BaseModel):
     fields: list[Literal[RESPONSE_FIELDS]] | None = None  # type: ignore[valid-type]
 
 
-class MemoryStatsArgs(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class MemoryStatsArgs(ToolArgs):
+    pass
 
 
 FragmentType = Literal["fact", "decision", "error", "preference", "procedure", "relation", "episode"]
 
 
-class ContextArgs(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class ContextArgs(ToolArgs):
     tokenBudget: int = Field(2000, ge=1, le=100_000)
-    types: list[FragmentType] | None = None
-    sessionId: str | None = None
-    agentId: str | None = None
-    workspace: str | None = None
+    types: list[FragmentType] | None = Field(None, max_length=MAX_LIST_ITEMS)
+    sessionId: Id | None = None
+    agentId: Id | None = None
+    workspace: Label | None = None
     structured: bool = False
     includeKeyName: bool = False
 
 
-class SearchTracesArgs(BaseModel):
+class SearchTracesArgs(ToolArgs):
     """Each filter in both spellings (seed): snake_case and its camelCase alias."""
-
-    model_config = ConfigDict(extra="ignore")
 
     event_type: FragmentType | None = None
     eventType: FragmentType | None = None
-    entity_key: str | None = None
-    entityKey: str | None = None
-    keyword: str | None = None
-    case_id: str | None = None
-    caseId: str | None = None
-    session_id: str | None = None
-    sessionId: str | None = None
+    entity_key: Label | None = None
+    entityKey: Label | None = None
+    keyword: Label | None = None
+    case_id: Id | None = None
+    caseId: Id | None = None
+    session_id: Id | None = None
+    sessionId: Id | None = None
     time_range: TimeRange | None = None
     limit: int = Field(20, ge=1, le=100)
-    workspace: str | None = None
+    workspace: Label | None = None
 
 
-class ReconstructHistoryArgs(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    caseId: str | None = None
-    entity: str | None = None
+class ReconstructHistoryArgs(ToolArgs):
+    caseId: Id | None = None
+    entity: Label | None = None
     timeRange: TimeRange | None = None
-    query: str | None = None
+    query: str | None = Field(None, max_length=MAX_CONTENT_CHARS)
     limit: int = Field(100, ge=1, le=500)
-    workspace: str | None = None
+    workspace: Label | None = None
 
 
-class GraphExploreArgs(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    startId: str = Field(min_length=1)
-    agentId: str | None = None
+class GraphExploreArgs(ToolArgs):
+    startId: Id
+    agentId: Id | None = None
 
 
-class FragmentHistoryArgs(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    id: str = Field(min_length=1)
-    agentId: str | None = None
+class FragmentHistoryArgs(ToolArgs):
+    id: Id
+    agentId: Id | None = None
     includePeerAgents: bool = False
 
 
-class ToolFeedbackArgs(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class ToolFeedbackArgs(ToolArgs):
     tool_name: str = Field(min_length=1, max_length=100)
     relevant: bool
     sufficient: bool
     # seed: suggestion "100자 이내", context "50자 이내" — longer text is cut, not refused.
     suggestion: str | None = None
     context: str | None = None
-    session_id: str | None = None
+    session_id: Id | None = None
     trigger_type: Literal["sampled", "voluntary"] = "voluntary"
     # Values outside the enum are discarded to NULL (seed), so this is a plain string here.
-    irrelevance_reason: str | None = None
-    search_event_id: int | None = Field(None, ge=1)
-    fragment_ids: list[str] | None = Field(None, max_length=100)
+    irrelevance_reason: Label | None = None
+    search_event_id: Int64 | None = Field(None, ge=1)
+    fragment_ids: list[Id] | None = Field(None, max_length=MAX_LIST_ITEMS)
 
 
 READ_TOOLS: tuple[ToolSpec, ...] = (

@@ -7,7 +7,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-
 Permission = Literal["read", "write", "admin"]
 
 # seed RBAC: a tool in this map needs that level; a tool missing from it needs none.

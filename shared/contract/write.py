@@ -2,42 +2,44 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from shared.contract.base import Id, Keyword, Label, ToolArgs
 from shared.contract.spec import ToolSpec
-from shared.domain.fragment import MAX_CONTENT_CHARS, MAX_IDEMPOTENCY_KEY
+from shared.domain.fragment import (
+    MAX_CONTENT_CHARS,
+    MAX_IDEMPOTENCY_KEY,
+    MAX_LABEL_CHARS,
+    MAX_LIST_ITEMS,
+    MAX_SUMMARY_CHARS,
+)
 
 FragmentTypeArg = Literal["fact", "decision", "error", "preference", "procedure", "relation", "episode"]
 
 
-class _Args(BaseModel):
-    # Unknown arguments are ignored, as the reference does; known ones are strict.
-    model_config = ConfigDict(extra="ignore")
-
-
-class RememberArgs(_Args):
+class RememberArgs(ToolArgs):
     """Store one atomic memory fragment."""
 
     content: str = Field(max_length=MAX_CONTENT_CHARS)
-    topic: str = Field(min_length=1, max_length=200)
+    topic: str = Field(min_length=1, max_length=MAX_LABEL_CHARS)
     type: FragmentTypeArg
-    keywords: list[str] | None = Field(None, max_length=50)
+    keywords: list[Keyword] | None = Field(None, max_length=50)
     importance: float | None = Field(None, ge=0, le=1)
-    source: str | None = None
-    linkedTo: list[str] | None = None
+    source: Label | None = None
+    linkedTo: list[Id] | None = Field(None, max_length=MAX_LIST_ITEMS)
     scope: Literal["permanent", "session"] = "permanent"
     isAnchor: bool = False
-    supersedes: list[str] | None = None
-    contextSummary: str | None = Field(None, max_length=1000)
-    sessionId: str | None = None
-    workspace: str | None = Field(None, max_length=200)
-    agentId: str | None = None
-    caseId: str | None = None
-    goal: str | None = None
-    outcome: str | None = None
-    phase: str | None = None
+    supersedes: list[Id] | None = Field(None, max_length=MAX_LIST_ITEMS)
+    contextSummary: str | None = Field(None, max_length=MAX_SUMMARY_CHARS)
+    sessionId: Id | None = None
+    workspace: Label | None = None
+    agentId: Id | None = None
+    caseId: Id | None = None
+    goal: str | None = Field(None, max_length=MAX_SUMMARY_CHARS)
+    outcome: str | None = Field(None, max_length=MAX_SUMMARY_CHARS)
+    phase: Label | None = None
     resolutionStatus: Literal["open", "resolved", "abandoned"] | None = None
     assertionStatus: Literal["observed", "inferred", "verified", "rejected"] = "observed"
     affect: Literal["neutral", "frustration", "confidence", "surprise", "doubt", "satisfaction"] = "neutral"
@@ -49,80 +51,78 @@ class RememberArgs(_Args):
 MAX_BATCH = 200
 
 
-class BatchRememberArgs(_Args):
+class BatchRememberArgs(ToolArgs):
     # Items are validated one by one (each failure is reported in results[i]), so they
     # arrive here as plain objects.
     fragments: list[dict] = Field(min_length=1, max_length=MAX_BATCH)
-    workspace: str | None = Field(None, max_length=200)
-    agentId: str | None = None
+    workspace: Label | None = None
+    agentId: Id | None = None
     stream: bool | None = None
     async_: bool = Field(False, alias="async")
 
 
-class ForgetArgs(_Args):
-    id: str | None = None
-    topic: str | None = None
+class ForgetArgs(ToolArgs):
+    id: Id | None = None
+    topic: Label | None = None
     force: bool = False
-    agentId: str | None = None
+    agentId: Id | None = None
     dryRun: bool = False
 
 
-class BatchStatusArgs(_Args):
+class BatchStatusArgs(ToolArgs):
     jobId: str = Field(min_length=1, max_length=64)
 
 
 AmendTypeArg = Literal["fact", "decision", "error", "preference", "procedure", "relation"]
 
 
-class AmendArgs(_Args):
-    id: str = Field(min_length=1)
+class AmendArgs(ToolArgs):
+    id: Id
     content: str | None = Field(None, max_length=MAX_CONTENT_CHARS)
-    topic: str | None = Field(None, min_length=1, max_length=200)
-    keywords: list[str] | None = Field(None, max_length=50)
+    topic: str | None = Field(None, min_length=1, max_length=MAX_LABEL_CHARS)
+    keywords: list[Keyword] | None = Field(None, max_length=50)
     type: AmendTypeArg | None = None
     importance: float | None = Field(None, ge=0, le=1)
     isAnchor: bool | None = None
     supersedes: bool = False
     assertionStatus: Literal["observed", "inferred", "verified", "rejected"] | None = None
     resolutionStatus: Literal["open", "resolved", "abandoned"] | None = None
-    outcome: str | None = None
-    phase: str | None = None
-    agentId: str | None = None
+    outcome: str | None = Field(None, max_length=MAX_SUMMARY_CHARS)
+    phase: Label | None = None
+    agentId: Id | None = None
     dryRun: bool = False
 
 
-class LinkArgs(_Args):
-    fromId: str = Field(min_length=1)
-    toId: str = Field(min_length=1)
+class LinkArgs(ToolArgs):
+    fromId: Id
+    toId: Id
     relationType: Literal["related", "caused_by", "resolved_by", "part_of", "contradicts"] = "related"
-    agentId: str | None = None
+    agentId: Id | None = None
     weight: float = Field(1.0, ge=0, le=1)
     dryRun: bool = False
 
 
-class TaskEffectivenessArg(BaseModel):
+class TaskEffectivenessArg(ToolArgs):
     # Lenient on purpose: seed says an outcome outside the enum is stored as NULL, not refused.
-    model_config = ConfigDict(extra="ignore")
-
-    outcome: str | None = Field(None, description="completed | partial | blocked | abandoned | unknown")
-    evaluator: str | None = Field(None, description="agent | automatic | human (default agent)")
+    outcome: Label | None = Field(None, description="completed | partial | blocked | abandoned | unknown")
+    evaluator: Label | None = Field(None, description="agent | automatic | human (default agent)")
     evidence: str | None = None
-    unmet_requirements: list[str] | None = None
+    unmet_requirements: list[str] | None = Field(None, max_length=MAX_LIST_ITEMS)
     overall_success: bool | None = None
-    tool_highlights: list[str] | None = None
-    tool_pain_points: list[str] | None = None
+    tool_highlights: list[str] | None = Field(None, max_length=MAX_LIST_ITEMS)
+    tool_pain_points: list[str] | None = Field(None, max_length=MAX_LIST_ITEMS)
 
 
-class ReflectArgs(_Args):
-    summary: str | list[str] | None = None
-    sessionId: str | None = None
-    decisions: list[str] | None = None
-    errors_resolved: list[str] | None = None
-    new_procedures: list[str] | None = None
-    open_questions: list[str] | None = None
+class ReflectArgs(ToolArgs):
+    summary: str | Annotated[list[str], Field(max_length=MAX_LIST_ITEMS)] | None = None
+    sessionId: Id | None = None
+    decisions: list[str] | None = Field(None, max_length=MAX_LIST_ITEMS)
+    errors_resolved: list[str] | None = Field(None, max_length=MAX_LIST_ITEMS)
+    new_procedures: list[str] | None = Field(None, max_length=MAX_LIST_ITEMS)
+    open_questions: list[str] | None = Field(None, max_length=MAX_LIST_ITEMS)
     narrative_summary: str | None = Field(None, max_length=MAX_CONTENT_CHARS)
-    agentId: str | None = None
-    workspace: str | None = Field(None, max_length=200)
+    agentId: Id | None = None
+    workspace: Label | None = None
     task_effectiveness: TaskEffectivenessArg | None = None
 
 

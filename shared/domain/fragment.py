@@ -24,6 +24,22 @@ STORED_CONTENT_CHARS = 300
 MAX_KEYWORDS = 10
 MAX_IDEMPOTENCY_KEY = 128
 
+# Input limits of the fields the reference leaves open (README "Input limits"). Ids and
+# labels are btree-indexed: 200 characters (at most 800 bytes of UTF-8) stay far below an
+# index row's ~2.7 kB, and far above any id or name seen in use (fragment ids are 21).
+MAX_ID_CHARS = 200
+MAX_LABEL_CHARS = 200
+# Keywords feed the inverted index and the BM25 terms; a keyword is a word or a short phrase.
+MAX_KEYWORD_CHARS = 100
+# Short free text (contextSummary, goal, outcome): one or two sentences.
+MAX_SUMMARY_CHARS = 1000
+# Any other string: what remember accepts as content.
+MAX_TEXT_CHARS = MAX_CONTENT_CHARS
+# Lists of ids or texts (linkedTo, supersedes, reflect's items, ...).
+MAX_LIST_ITEMS = 100
+# Integers go to Postgres bigint.
+MAX_INT64 = 2**63 - 1
+
 # Default importance by type (the reference leaves the values to config; these follow its
 # ordering: errors and decisions are what an agent most needs back, episodes the least).
 DEFAULT_IMPORTANCE: dict[str, float] = {
