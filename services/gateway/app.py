@@ -19,6 +19,7 @@ from services.gateway.admin_maintenance import router as admin_maintenance_route
 from services.gateway.api import router
 from services.gateway.auth import Authenticator
 from services.gateway.edge import GatewayEdge
+from services.gateway.jsonrpc_guard import JsonRpcGuard
 from services.gateway.limits import RateLimiter
 from services.gateway.mcp_server import GatewayContext, build_mcp_server
 from services.gateway.modes import MODES
@@ -151,6 +152,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     install_oauth(app)
     openapi.install(app)
     # Inside the observability middleware, so refusals (413, 429) are counted too.
+    app.add_middleware(JsonRpcGuard)  # inside the edge: after the body limit and the credential
     app.add_middleware(GatewayEdge, state=app.state)
     install_observability(app, "gateway")
     return app

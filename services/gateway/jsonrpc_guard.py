@@ -1,0 +1,115 @@
+"""The JSON-RPC envelope check in front of both MCP transports (POST /mcp and legacy
+POST /message): a message the SDK would take for something it is not is answered at once.
+
+JSON-RPC 2.0 §4 and MCP: a request's id is a string or an integer. The SDK reads a message
+whose id is anything else (1.5, NaN, an object, an array, null) as a notification, answers
+202 and never replies; on /message it logs every unparsable body at ERROR with a stack
+trace. Here such a message gets an error response with id null (§5: the id could not be
+read), HTTP 400, and one DEBUG line and a counter instead of a trace:
+
+- not JSON                                  -> -32700 Parse error
+- a batch (an array; MCP since 2025-06-18
+  has none, and the SDK reads none)         -> -32600 Invalid Request
+- not an object, a bad id, no valid
+  request / notification / response shape   -> -32600 Invalid Request
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pydantic_core
+from mcp_types import INVALID_REQUEST, PARSE_ERROR, jsonrpc_message_adapter
+from prometheus_client import Counter
+from pydantic import ValidationError
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.gateway.mcp_server import PRINCIPAL_SCOPE_KEY
+
+logger = logging.getLogger(__name__)
+
+MALFORMED = Counter("mcp_malformed_messages_total", "JSON-RPC messages refused before the MCP SDK", ["path", "reason"])
+GUARDED_PATHS = ("/mcp", "/message")
+
+
+def _id_problem(message: dict[str, Any]) -> str | None:
+    if "id" not in message:
+        return None  # a notification
+    request_id = message["id"]
+    # bool is an int to Python, not to JSON.
+    if isinstance(request_id, str) or (isinstance(request_id, int) and not isinstance(request_id, bool)):
+        return None
+    return "id must be a string or an integer"
+
+
+def envelope_problem(body: bytes) -> tuple[int, str, str] | None:
+    """(code, message, metric reason) for a body that is no single valid JSON-RPC message."""
+    try:
+        # The SDK's own parser (its depth limit, NaN read as a number), so both agree.
+        message = pydantic_core.from_json(body)
+    except ValueError as exc:
+        return PARSE_ERROR, f"Parse error: {exc}", "parse"
+    if isinstance(message, list):
+        return INVALID_REQUEST, "Invalid Request: JSON-RPC batches are not supported", "batch"
+    if not isinstance(message, dict):
+        return INVALID_REQUEST, "Invalid Request: a JSON-RPC message is an object", "not_object"
+    problem = _id_problem(message)
+    if problem:
+        return INVALID_REQUEST, f"Invalid Request: {problem}", "id"
+    try:
+        jsonrpc_message_adapter.validate_python(message, by_name=False)
+    except ValidationError:
+        return INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 request, notification or response", "shape"
+    return None
+
+
+class JsonRpcGuard:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path")
+        if scope["type"] != "http" or scope["method"] != "POST" or path not in GUARDED_PATHS:
+            await self.app(scope, receive, send)
+            return
+        if path == "/mcp" and scope.get(PRINCIPAL_SCOPE_KEY) is None:
+            await self.app(scope, receive, send)  # the transport answers 401 first
+            return
+        body = await _read(receive)
+        found = envelope_problem(body)
+        if found is None:
+            await self.app(scope, _replay(body, receive), send)
+            return
+        code, message, reason = found
+        MALFORMED.labels(path, reason).inc()
+        logger.debug("refused a malformed JSON-RPC message on %s: %s", path, message)
+        response = JSONResponse({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}, status_code=400)
+        await response(scope, receive, send)
+
+
+async def _read(receive: Receive) -> bytes:
+    # The edge has bounded the body already (413 past MAX_BODY_BYTES).
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
