@@ -38,6 +38,10 @@ class CommonSettings(BaseSettings):
     log_level: str = Field("INFO", alias="LOG_LEVEL")
     otel_service_name: str | None = Field(None, alias="OTEL_SERVICE_NAME")
     otel_console: bool = Field(False, alias="ENGRAM_OTEL_CONSOLE")
+    # seed 003: secrets are never stored; "reject" refuses the write (-32602 naming the kind),
+    # "redact" stores the text with each secret replaced by [REDACTED:<kind>]. Common: ingest
+    # screens every write tool, recall screens tool_feedback's free text.
+    secret_policy: Literal["reject", "redact"] = Field("reject", alias="ENGRAM_SECRET_POLICY")
 
     @property
     def redis_active(self) -> bool:
@@ -131,9 +135,6 @@ class RecallSettings(CommonSettings):
 class IngestSettings(CommonSettings):
     port: int = Field(57334, alias="PORT")
     broker_url: str | None = Field(None, alias="CELERY_BROKER_URL")
-    # seed 003: secrets are never stored; "reject" refuses the write (-32602 naming the kind),
-    # "redact" stores the text with each secret replaced by [REDACTED:<kind>].
-    secret_policy: Literal["reject", "redact"] = Field("reject", alias="ENGRAM_SECRET_POLICY")
     # seed: the PolicyRules soft gate (validation_warnings); hard gate per key.
     symbolic_policy_rules: bool = Field(False, alias="MEMENTO_SYMBOLIC_POLICY_RULES")
     workspace_gate: bool = Field(False, alias="MEMENTO_WORKSPACE_GATE")

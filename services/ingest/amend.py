@@ -31,24 +31,25 @@ SHOWN = ("id", "content", "topic", "type", "keywords", "importance", "is_anchor"
          "resolution_status", "outcome", "phase", "case_id", "workspace", "valid_to", "superseded_by")
 
 
-def _patch(args: AmendArgs, row: asyncpg.Record, screening: Screening) -> dict[str, Any]:
-    """The column changes the arguments ask for, against the current row (unchanged values dropped)."""
+def _patch(args: AmendArgs, row: asyncpg.Record) -> dict[str, Any]:
+    """The column changes the (screened) arguments ask for, against the current row (unchanged
+    values dropped)."""
     wanted: dict[str, Any] = {}
     new_type = args.type or row["type"]
     if args.content is not None:
-        content = screening.text("content", args.content) or ""
+        content = args.content
         if frag.content_too_short(content):
             raise InvalidParams("Content too short: length < 10 and word count < 3")
         wanted["content"] = frag.stored_content(content, new_type)
     elif args.type is not None and args.type != row["type"]:
         wanted["content"] = frag.stored_content(row["content"], new_type)
     if args.topic is not None:
-        wanted["topic"] = (screening.text("topic", args.topic) or "").strip()
+        wanted["topic"] = args.topic.strip()
     if args.type is not None:
         wanted["type"] = args.type
     content = wanted.get("content", row["content"])
     if args.keywords is not None:
-        wanted["keywords"] = merge_keywords(screening.texts("keywords", args.keywords), content, frag.MAX_KEYWORDS)
+        wanted["keywords"] = merge_keywords(args.keywords, content, frag.MAX_KEYWORDS)
     elif "content" in wanted and wanted["content"] != row["content"]:
         wanted["keywords"] = merge_keywords(None, content, frag.MAX_KEYWORDS)
     if args.importance is not None:
@@ -64,7 +65,7 @@ def _patch(args: AmendArgs, row: asyncpg.Record, screening: Screening) -> dict[s
     if args.resolutionStatus is not None:
         wanted["resolution_status"] = args.resolutionStatus
     if args.outcome is not None:
-        wanted["outcome"] = screening.text("outcome", args.outcome)
+        wanted["outcome"] = args.outcome
     if args.phase is not None:
         wanted["phase"] = args.phase
     changes = {k: v for k, v in wanted.items() if _differs(row[k], v)}
@@ -104,12 +105,14 @@ async def amend(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, argument
     args = parse_arguments(AmendArgs, arguments)
     principal = ctx.principal
     screening = Screening(res.settings)
+    # Every text field (phase, agentId and id included) before anything is read or kept.
+    args = screening.args(args)
     async with res.pool.acquire() as conn, conn.transaction():
         row = await revisions_repo.lock_owned(conn, principal, args.id)
         if row is None:
             # seed: another tenant's fragment is indistinguishable from a missing one.
             return {"success": False, "error": NOT_FOUND}, True
-        changes = _patch(args, row, screening)
+        changes = _patch(args, row)
         if "content" in changes or "topic" in changes:
             [(changes["embedding"], changes["passage_embeddings"])] = await res.embed_content(
                 [(changes.get("topic", row["topic"]), changes.get("content", row["content"]))]

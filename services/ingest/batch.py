@@ -10,12 +10,13 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from services.common.internal import ToolContext, parse_arguments
-from services.ingest.service import QUOTA_EXCEEDED, TOO_SHORT, WriteResources, build_fragment, check_quota, lock_quota
+from services.ingest.service import QUOTA_EXCEEDED, TOO_SHORT, Screening, WriteResources, build_fragment, check_quota, lock_quota
 from shared.contract.base import problems
 from shared.contract.write import BatchRememberArgs, BatchStatusArgs, RememberArgs
 from shared.domain import fragment as frag
 from shared.domain.errors import InvalidParams
 from shared.domain.principal import Principal
+from shared.domain.secrets import screen_value
 from shared.jobs import QUEUE_BATCH, JobBuffer
 from shared.repositories import fragments as fragments_repo
 from shared.repositories import idempotency as idempotency_repo
@@ -197,7 +198,10 @@ async def _queue_batch(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, a
     for i, _, key in accepted:
         # Each queued item carries an idempotency key, so a job run twice (a crashed
         # worker's job is retried) stores every fragment once.
-        items.append({"index": i, "item": {**args.fragments[i], "idempotencyKey": key or f"{job_id}#{i}"}})
+        # The queue is storage too: the item goes to Redis redacted (its known fields passed
+        # screening in plan_items; this catches arguments the worker will ignore).
+        item = screen_value(f"fragments[{i}]", args.fragments[i], "redact", [])
+        items.append({"index": i, "item": {**item, "idempotencyKey": key or f"{job_id}#{i}"}})
     payload = {
         "items": items, "workspace": args.workspace, "agentId": args.agentId,
         "principal": principal.to_wire(), "session": {"id": ctx.session_id, "transport_id": ctx.transport_id},
@@ -219,6 +223,9 @@ async def _queue_batch(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, a
 
 async def batch_remember(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     args = parse_arguments(BatchRememberArgs, arguments)
+    # The batch's own fields (workspace, agentId) refuse the whole call; each item is screened
+    # on its own in plan_items, so one bad item fails alone (results[i]).
+    args = Screening(res.settings).args(args, skip=frozenset({"fragments"}))
     if args.async_ and res.redis is not None:
         queued = await _queue_batch(res, jobs, ctx, args)
         if queued is not None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from services.common.internal import ToolContext, parse_arguments
 from services.ingest import batch
-from services.ingest.service import WriteResources, build_fragment
+from services.ingest.service import Screening, WriteResources, build_fragment
 from shared.contract.write import RememberArgs, ReflectArgs
 from shared.domain import fragment as frag
 from shared.domain.errors import InvalidParams
@@ -45,6 +45,8 @@ def _synthesised(group: Group, session_id: str) -> str:
 
 async def reflect(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     args = parse_arguments(ReflectArgs, arguments)
+    # All of it up front: sessionId and task_effectiveness are stored outside the fragments.
+    args = Screening(res.settings).args(args)
     principal = ctx.principal
     session_id = args.sessionId or ctx.session_id
     summary = _items(args.summary)

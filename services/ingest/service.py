@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import asyncpg
 import numpy as np
+from pydantic import BaseModel
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -20,7 +21,7 @@ from shared.domain.errors import InvalidParams
 from shared.domain.keywords import merge_keywords
 from shared.domain.passages import embedding_inputs, split_vectors
 from shared.domain.principal import Principal
-from shared.domain.secrets import SecretFound, screen
+from shared.domain.secrets import screen_args
 from shared.embeddings import Embedder
 from shared.jobs import JobBuffer
 from shared.recall_cache import bump_recall_generation
@@ -30,6 +31,8 @@ from shared.repositories.batch_jobs import BatchQueue
 from shared.settings import IngestSettings
 
 logger = logging.getLogger(__name__)
+
+ArgsT = TypeVar("ArgsT", bound=BaseModel)
 
 # Near-duplicates reported as `conflicts` on remember (cosine similarity).
 CONFLICT_SIMILARITY = 0.92
@@ -109,28 +112,16 @@ def workspace_not_allowed(principal: Principal, workspace: str | None) -> bool:
 
 
 class Screening:
-    """Secret screening of one write: refuse (InvalidParams naming the kind) or redact."""
+    """Secret screening of one write: every text its arguments carry, refused (SecretFound:
+    -32602 naming the field and the kinds) or redacted, per ENGRAM_SECRET_POLICY. Kinds
+    redacted gather in `redacted` for the reply's secrets_redacted."""
 
     def __init__(self, settings: IngestSettings) -> None:
         self.policy = settings.secret_policy
         self.redacted: list[str] = []
 
-    def text(self, name: str, value: str | None) -> str | None:
-        if value is None:
-            return None
-        try:
-            kept = screen(name, value, self.policy)
-        except SecretFound as exc:
-            raise InvalidParams(exc.message, {"field": name, "secretKinds": exc.kinds}) from None
-        for kind in kept.redacted:
-            if kind not in self.redacted:
-                self.redacted.append(kind)
-        return kept.text
-
-    def texts(self, name: str, values: list[str] | None) -> list[str] | None:
-        if values is None:
-            return None
-        return [self.text(name, v) or "" for v in values]
+    def args(self, args: ArgsT, skip: frozenset[str] = frozenset()) -> ArgsT:
+        return screen_args(args, self.policy, self.redacted, skip)
 
 
 def build_fragment(
@@ -138,22 +129,22 @@ def build_fragment(
 ) -> frag.NewFragment:
     # Screen the full input before truncation: a secret across the 300-char cut is still one.
     screening = Screening(settings)
-    raw_content = screening.text("content", args.content) or ""
+    args = screening.args(args)
+    raw_content = args.content
     if frag.content_too_short(raw_content):
         raise InvalidParams(TOO_SHORT)
     workspace, workspace_source = resolve_workspace(ctx.principal, args.workspace, batch_workspace)
     content = frag.stored_content(raw_content, args.type)
     session_id = args.sessionId or ctx.session_id
-    keywords = screening.texts("keywords", args.keywords)
     f = frag.NewFragment(
         id=frag.new_fragment_id(),
         content=content,
-        topic=(screening.text("topic", args.topic) or "").strip(),
+        topic=args.topic.strip(),
         type=args.type,
-        keywords=merge_keywords(keywords, content, frag.MAX_KEYWORDS),
+        keywords=merge_keywords(args.keywords, content, frag.MAX_KEYWORDS),
         importance=args.importance if args.importance is not None else frag.DEFAULT_IMPORTANCE[args.type],
         content_hash=frag.content_hash(content),
-        source=screening.text("source", args.source),
+        source=args.source,
         scope=args.scope,
         is_anchor=args.isAnchor,
         ttl_tier=frag.initial_ttl_tier(is_anchor=args.isAnchor, scope=args.scope),
@@ -164,13 +155,13 @@ def build_fragment(
         session_id=session_id,
         # seed: caseId defaults to the current session.
         case_id=args.caseId or session_id,
-        goal=screening.text("goal", args.goal),
-        outcome=screening.text("outcome", args.outcome),
+        goal=args.goal,
+        outcome=args.outcome,
         phase=args.phase,
         resolution_status=args.resolutionStatus,
         assertion_status=args.assertionStatus,
         affect=args.affect,
-        context_summary=screening.text("contextSummary", args.contextSummary),
+        context_summary=args.contextSummary,
     )
     if screening.redacted:
         f.extra["secrets_redacted"] = screening.redacted

@@ -29,6 +29,7 @@ from shared.contract.write import RememberArgs
 from shared.domain import fragment as frag
 from shared.domain.errors import InvalidParams, PermissionDenied
 from shared.domain.principal import Principal
+from shared.domain.secrets import SecretFound, find_secrets, secret_kinds
 from shared.jobs import JobBuffer
 from shared.repositories import fragment_transfer as transfer_repo
 from shared.repositories import fragments as fragments_repo
@@ -90,6 +91,9 @@ def _fragment_of(item: Any, owner: str | None, res: WriteResources) -> frag.NewF
     if problem:
         raise InvalidParams(problem)
     fragment_id = item.get("id")
+    if isinstance(fragment_id, str) and find_secrets(fragment_id):
+        # An id is kept as given and a redacted one is no id: refused under either policy.
+        raise SecretFound("id", secret_kinds(find_secrets(fragment_id)))
     if fragment_id is not None and (not isinstance(fragment_id, str) or not 0 < len(fragment_id) <= MAX_ID_CHARS):
         raise InvalidParams(f"id: expected a string of 1 to {MAX_ID_CHARS} characters")
     try:

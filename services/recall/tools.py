@@ -21,6 +21,7 @@ from shared.contract.read import (
 )
 from shared.domain.errors import InvalidParams
 from shared.domain.principal import Principal
+from shared.domain.secrets import screen_args
 from shared.repositories import events as events_repo
 from shared.repositories import fragments as fragments_repo
 from shared.repositories import history as history_repo
@@ -325,6 +326,9 @@ async def memory_stats(res: ReadResources, ctx: ToolContext, arguments: dict[str
 
 async def tool_feedback(res: ReadResources, ctx: ToolContext, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool]:
     args: ToolFeedbackArgs = parse_arguments(ToolFeedbackArgs, arguments)
+    # tool_feedback stores free text (suggestion, context, session_id, tool_name): every
+    # string is screened like a write's, before suggestion / context are cut to 100 / 50.
+    args = screen_args(args, res.settings.secret_policy, [])
     # The search event may still be in the deferred-effects queue: land it first.
     await res.effects.flush()
     principal: Principal = ctx.principal

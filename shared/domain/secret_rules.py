@@ -1,0 +1,276 @@
+"""The rule set the secret detector runs: detect-secrets' maintained plugins, plus the few
+shapes they lack, each documented here.
+
+detect-secrets (Yelp) is configured in code: a chosen plugin list, called through each
+plugin's own `analyze_string`, never `scan_line` (that one reads a process-wide settings
+object and may verify a secret over the network). Its entropy plugins are left out on
+purpose: git SHAs, UUIDs, content hashes and fragment ids are ordinary memory, and a
+high-entropy rule cannot tell them from a key. Every rule here needs a *shape* only a
+credential has: a vendor prefix, a PEM armour line, or a credential-named slot (a password
+flag, an `AccountKey=`, `password=`) whose value itself looks like a secret.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from detect_secrets.filters.heuristic import (
+    is_indirect_reference,
+    is_not_alphanumeric_string,
+    is_potential_uuid,
+    is_prefixed_with_dollar_sign,
+    is_sequential_string,
+    is_templated_secret,
+)
+from detect_secrets.plugins.aws import AWSKeyDetector
+from detect_secrets.plugins.azure_storage_key import AzureStorageKeyDetector
+from detect_secrets.plugins.base import BasePlugin
+from detect_secrets.plugins.basic_auth import BasicAuthDetector
+from detect_secrets.plugins.cloudant import CloudantDetector
+from detect_secrets.plugins.discord import DiscordBotTokenDetector
+from detect_secrets.plugins.github_token import GitHubTokenDetector
+from detect_secrets.plugins.gitlab_token import GitLabTokenDetector
+from detect_secrets.plugins.high_entropy_strings import Base64HighEntropyString
+from detect_secrets.plugins.ibm_cloud_iam import IbmCloudIamDetector
+from detect_secrets.plugins.ibm_cos_hmac import IbmCosHmacDetector
+from detect_secrets.plugins.jwt import JwtTokenDetector
+from detect_secrets.plugins.keyword import KeywordDetector
+from detect_secrets.plugins.mailchimp import MailchimpDetector
+from detect_secrets.plugins.npm import NpmDetector
+from detect_secrets.plugins.openai import OpenAIDetector
+from detect_secrets.plugins.private_key import PrivateKeyDetector
+from detect_secrets.plugins.pypi_token import PypiTokenDetector
+from detect_secrets.plugins.sendgrid import SendGridDetector
+from detect_secrets.plugins.slack import SlackDetector
+from detect_secrets.plugins.softlayer import SoftlayerDetector
+from detect_secrets.plugins.square_oauth import SquareOAuthDetector
+from detect_secrets.plugins.stripe import StripeDetector
+from detect_secrets.plugins.telegram_token import TelegramBotTokenDetector
+from detect_secrets.plugins.twilio import TwilioKeyDetector
+
+
+@dataclass(frozen=True)
+class Hit:
+    kind: str
+    start: int
+    end: int
+
+
+# ------------------------------------------------------------------ detect-secrets plugins
+
+# Plugin -> the kind Engram reports. Left out: the two high-entropy plugins (see above),
+# IPPublicDetector (an address is not a credential), ArtifactoryDetector (its password shape
+# `AP[0-9A-F]` + 8 letters flags words such as "APDashboards").
+# KeywordDetector runs in its quotes-required mode (`api_key = "..."`): the quotes bound the
+# value; its value must still look like a secret (looks_like_secret).
+_PLUGINS: tuple[tuple[BasePlugin, str], ...] = (
+    (AWSKeyDetector(), "aws_access_key"),
+    (AzureStorageKeyDetector(), "azure_storage_key"),
+    (BasicAuthDetector(), "credentials_in_url"),
+    (CloudantDetector(), "cloudant_credentials"),
+    (DiscordBotTokenDetector(), "discord_bot_token"),
+    (GitHubTokenDetector(), "github_token"),
+    (GitLabTokenDetector(), "gitlab_token"),
+    (IbmCloudIamDetector(), "ibm_cloud_iam_key"),
+    (IbmCosHmacDetector(), "ibm_cos_hmac"),
+    (JwtTokenDetector(), "jwt"),
+    (MailchimpDetector(), "mailchimp_key"),
+    (NpmDetector(), "npm_token"),
+    (OpenAIDetector(), "openai_api_key"),
+    (PrivateKeyDetector(), "private_key"),
+    (PypiTokenDetector(), "pypi_token"),
+    (SendGridDetector(), "sendgrid_key"),
+    (SlackDetector(), "slack_token"),
+    (SoftlayerDetector(), "softlayer_credentials"),
+    (SquareOAuthDetector(), "square_oauth_secret"),
+    (StripeDetector(), "stripe_key"),
+    (TelegramBotTokenDetector(), "telegram_bot_token"),
+    (TwilioKeyDetector(), "twilio_key"),
+)
+_KEYWORD = KeywordDetector()
+
+
+def _spans(text: str, value: str) -> Iterator[tuple[int, int]]:
+    """Where a value KeywordDetector reported sits in the text (plugins give values, not offsets)."""
+    start = text.find(value)
+    while start != -1:
+        yield start, start + len(value)
+        start = text.find(value, start + len(value))
+
+
+def _secret_span(match: re.Match[str]) -> tuple[int, int]:
+    """A plugin regex's secret: the first group that follows some context (`://user:(pw)@`,
+    `_authToken=(npm_...)`); a group at the very start is a prefix (gitlab's `(glpat)-...`),
+    so then the whole match."""
+    for index in range(1, (match.lastindex or 0) + 1):
+        start, end = match.span(index)
+        if start > match.start() and end > start:
+            return start, end
+    return match.span()
+
+
+def plugin_hits(text: str) -> Iterator[Hit]:
+    for plugin, kind in _PLUGINS:
+        # analyze_string is the plugin's verdict (with its own checks, e.g. a JWT's parts
+        # must decode); its regexes, run again, give the offsets.
+        values = set(plugin.analyze_string(text))
+        if not values:
+            continue
+        for regex in plugin.denylist:  # type: ignore[attr-defined]
+            for match in regex.finditer(text):
+                if values.intersection((match.group(0), *match.groups())):
+                    yield Hit(kind, *_secret_span(match))
+    for value in set(_KEYWORD.analyze_string(text)):
+        if looks_like_secret(value):
+            for start, end in _spans(text, value):
+                yield Hit("password_assignment", start, end)
+
+
+# ------------------------------------------------------------------ is this value a secret?
+
+# Values that stand for a secret without being one.
+_PLACEHOLDER = re.compile(
+    r"""^(?:
+        [<{\[] .*                                       # <password>, {{ template }}, [REDACTED:...]
+      | \*+ | x+ | X+ | \.\.\.+ | …                    # masks
+      | %\(?[A-Za-z_]*\)?s                              # printf-style
+      | (?:os\.environ|process\.env|env|getenv|settings|config|vault|secrets?)\b.*
+      | (?:none|null|nil|true|false|required|optional|empty|unset|redacted|hidden|masked|changeme|placeholder
+         |your[_-]?\w*|example|string|value|secret|password|token)
+    )$""",
+    re.X | re.I,
+)
+# A path (pwd=/srv/app), a URL (a credential in one is BasicAuthDetector's), a version.
+_NOT_A_SECRET = re.compile(r"^(?:[/~.]|[A-Za-z][A-Za-z0-9+.\-]*://|v?\d+(?:\.\d+)+$)")
+# `_` and `.` join identifiers (`self.service_token`, `TOKEN_PREFIX`): code, not a secret.
+_SYMBOLS = frozenset(string.punctuation) - {"_", "."}
+_ENTROPY = Base64HighEntropyString()
+# A letters-only value counts as random past this length and Shannon entropy (bits/char):
+# "wJalrXUtnFEMIbPxRfiCY" is ~4.2, English words of that length stay under ~3.6.
+_RANDOM_LETTERS_MIN = 16
+_RANDOM_LETTERS_ENTROPY = 3.7
+
+
+def is_placeholder(value: str) -> bool:
+    v = value.strip("\"'`")
+    return (
+        not v
+        or bool(_PLACEHOLDER.match(v))
+        or is_templated_secret(v)
+        or is_prefixed_with_dollar_sign(v)
+    )
+
+
+def looks_like_secret(value: str, min_length: int = 6) -> bool:
+    """A value in a credential-named slot that looks like a secret, not a word, a number or
+    an identifier: `password=hunter2` yes; `pass=three`, `first_pass=done`, `max_token=4096`,
+    `pwd=/srv/app`, `token = self.service_token`, `password: rotated every quarter` no."""
+    v = value.strip("\"'`")
+    if len(v) < min_length or any(c.isspace() for c in v) or is_placeholder(v) or _NOT_A_SECRET.match(v):
+        return False
+    # detect-secrets' own filters: at least one letter; no "abcdef123456"; no UUID.
+    if is_not_alphanumeric_string(v) or is_sequential_string(v) or is_potential_uuid(v):
+        return False
+    if any(c.isdigit() or c in _SYMBOLS for c in v):
+        return True
+    return len(v) >= _RANDOM_LETTERS_MIN and _ENTROPY.calculate_shannon_entropy(v) >= _RANDOM_LETTERS_ENTROPY
+
+
+# ------------------------------------------------------------------ the shapes it lacks
+
+@dataclass(frozen=True)
+class Rule:
+    kind: str
+    pattern: re.Pattern[str]
+    # Regex group holding the secret (0 = the whole match); redaction replaces only it, so
+    # "password=[REDACTED:password_assignment]" keeps the readable part.
+    group: int = 0
+    # "shape": the match is a credential by itself (a vendor prefix, a password flag of a
+    # client); "slot": a credential-named slot whose value must also look like a secret.
+    check: str = "shape"
+
+
+def _rx(pattern: str, flags: int = 0) -> re.Pattern[str]:
+    return re.compile(pattern, flags)
+
+
+# Names that make `name = value` a credential slot (English and Korean). Short ones (pass,
+# pwd, pw) need a separator before any prefix, so `bypass=` or `compass=` are not slots.
+_LONG_NAMES = (
+    r"password|passwd|passphrase|secret(?:[_-]?(?:access[_-]?)?key)?|client[_-]?secret|api[_-]?key|apikey|"
+    r"access[_-]?key(?:[_-]?id)?|access[_-]?token|auth[_-]?token|refresh[_-]?token|private[_-]?key|token"
+)
+_SLOT_NAME = rf"(?<![A-Za-z0-9])(?:[A-Za-z0-9]*?(?:{_LONG_NAMES})|(?:[A-Za-z0-9]+[_-])?(?:pass|pwd|pw)|비밀번호|패스워드|암호)"
+
+EXTRA_RULES: tuple[Rule, ...] = (
+    # A PEM block, armour to armour (or to the end of the text when cut): the whole body is
+    # key material; detect-secrets reports only the "BEGIN ... PRIVATE KEY" words.
+    Rule("private_key", _rx(
+        r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----(?:.*?-----END (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----|.*\Z)",
+        re.S)),
+    # Vendor prefixes detect-secrets 1.5 lacks (formats from the vendors' docs / gitleaks).
+    Rule("github_token", _rx(r"\b(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})\b")),
+    Rule("slack_webhook", _rx(r"https://hooks\.slack\.com/services/T[A-Za-z0-9_]+/B[A-Za-z0-9_]+/[A-Za-z0-9_]+")),
+    Rule("anthropic_api_key", _rx(r"\bsk-ant-[A-Za-z0-9_\-]{20,}")),
+    # Project / service-account keys carry no T3BlbkFJ marker (detect-secrets needs it).
+    Rule("openai_api_key", _rx(r"\bsk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}")),
+    Rule("stripe_key", _rx(r"\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}\b")),
+    Rule("google_api_key", _rx(r"\bAIza[0-9A-Za-z_\-]{35}\b")),
+    Rule("huggingface_token", _rx(r"\bhf_[A-Za-z]{34,}\b")),
+    Rule("npm_token", _rx(r"\bnpm_[A-Za-z0-9]{36}\b")),
+    Rule("digitalocean_token", _rx(r"\bdo[por]_v1_[a-f0-9]{64}\b")),
+    # HashiCorp Vault service / batch / recovery tokens (Vault >= 1.10).
+    Rule("vault_token", _rx(r"\bhv[sbr]\.[A-Za-z0-9_\-]{24,}")),
+    # detect-secrets' JWT regex stops at a lazy third part and its Discord one at 27
+    # characters (newer tokens have 38): the whole token is the secret.
+    Rule("jwt", _rx(r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}")),
+    Rule("discord_bot_token", _rx(r"\b[MNO][A-Za-z\d_-]{23,25}\.[A-Za-z\d_-]{6}\.[A-Za-z\d_-]{27,38}\b")),
+    Rule("discord_webhook", _rx(r"https://(?:ptb\.|canary\.)?discord(?:app)?\.com/api/webhooks/\d+/[A-Za-z0-9_\-]{20,}")),
+    # Engram's (and memento-mcp's) own API keys.
+    Rule("engram_api_key", _rx(r"\bmmcp_[0-9a-f]{32,}\b")),
+    # GCP service-account JSON: the key id names the private key it belongs to.
+    Rule("gcp_private_key_id", _rx(r"private_key_id[\"']?\s*[:=]\s*[\"']?([0-9a-f]{40})\b"), 1),
+    # Azure connection strings (storage, Service Bus, Event Hubs) of any key length.
+    Rule("azure_storage_key", _rx(r"\b(?:AccountKey|SharedAccessKey)=([A-Za-z0-9+/]{20,}={0,2})"), 1),
+    # Credentials given to a client on its command line or in its environment.
+    Rule("password_assignment", _rx(r"\b(?:PGPASSWORD|MYSQL_PWD|REDISCLI_AUTH)\s*=\s*[\"']?([^\s\"';]+)"), 1),
+    Rule("password_assignment", _rx(r"\bmysql(?:dump|admin|sh)?\b[^\n]*?\s-p([^\s\"';]+)"), 1),
+    Rule("password_assignment", _rx(r"\bsshpass\s+-p\s*[\"']?([^\s\"';]+)"), 1),
+    Rule("password_assignment", _rx(r"(?<![\w-])--password[= ][\"']?([^\s\"';]+)"), 1),
+    Rule("basic_auth", _rx(r"\bcurl\b[^\n]*?\s(?:-u|--user)\s*[\"']?[^\s:\"']+:([^\s\"']+)"), 1),
+    # .netrc / _netrc: "machine host login user password secret".
+    Rule("password_assignment", _rx(r"\bmachine\s+\S+\s+login\s+\S+\s+password\s+(\S+)"), 1),
+    # "Bearer <token>": long and carrying a digit, so "send a Bearer token" passes.
+    Rule("bearer_token", _rx(r"\bBearer\s+((?=[A-Za-z0-9\-._~+/]*\d)[A-Za-z0-9\-._~+/]{20,}=*)", re.I), 1),
+    Rule("basic_auth", _rx(r"\bAuthorization:\s*Basic\s+([A-Za-z0-9+/]{12,}={0,2})", re.I), 1),
+    # scheme://user:password@host with characters detect-secrets' BasicAuthDetector excludes.
+    Rule("credentials_in_url", _rx(r"\b[a-z][a-z0-9+.\-]*://[^\s:/@]+:([^\s:/@]{3,})@[^\s]+", re.I), 1),
+    # name=value / name: value in a credential-named slot; the value must look like a secret.
+    Rule("password_assignment", _rx(rf"{_SLOT_NAME}[\"']?\s*[:=]\s*[\"']?([^\s\"',;]+)", re.I), 1, "slot"),
+)
+
+
+_TRAILING = ".,:)]}`"
+
+
+def extra_hits(text: str) -> Iterator[Hit]:
+    for rule in EXTRA_RULES:
+        for match in rule.pattern.finditer(text):
+            start, end = match.span(rule.group)
+            if rule.group:
+                # The sentence's own punctuation ("password=hunter2.", "(token=abc123)").
+                end = start + len(text[start:end].rstrip(_TRAILING))
+            value = text[start:end]
+            if rule.group and is_placeholder(value):
+                continue
+            if rule.check == "slot":
+                line_end = text.find("\n", match.start())
+                # detect-secrets' filter for `token = os.environ['X']` / `secret = get_secret()`.
+                if is_indirect_reference(text[match.start():line_end if line_end != -1 else len(text)]):
+                    continue
+                if not looks_like_secret(value):
+                    continue
+            yield Hit(rule.kind, start, end)

@@ -1,0 +1,148 @@
+"""The secret screening corpus: real-looking credentials of distinct shapes that must be
+caught (with the kind reported), and prose / technical lines that must pass.
+
+Every value is fabricated but shaped like the real thing (vendor docs' formats)."""
+
+from __future__ import annotations
+
+# (text, kind) — each must be flagged with that kind.
+SECRETS: list[tuple[str, str]] = [
+    # Cloud providers
+    ("The CI user key is AKIAIOSFODNN7EXAMPLE in us-east-1.", "aws_access_key"),
+    ("temporary creds ASIAY34FZKBOKMUTVV7A expire in an hour", "aws_access_key"),
+    ("export AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "password_assignment"),
+    ("DefaultEndpointsProtocol=https;AccountName=acmelogs;AccountKey=Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5MGFiY2RlZmdoaWprbG1ub3BxcnN0dXZ3eHl6QUJDREVGR0g=;EndpointSuffix=core.windows.net",
+     "azure_storage_key"),
+    ("Endpoint=sb://acme.servicebus.windows.net/;SharedAccessKeyName=Root;SharedAccessKey=q1W2e3R4t5Y6u7I8o9P0aSdFgHjKlZxCvBnM12345=",
+     "azure_storage_key"),
+    ('the service account json has "private_key_id": "8f3c2a1b9d7e6f5a4b3c2d1e0f9a8b7c6d5e4f3a"', "gcp_private_key_id"),
+    ("maps key AIzaSyD-9tSrke72PouQMnMX-a7eZSW0jkFMBWY", "google_api_key"),
+    ("droplet API token dop_v1_4b6c1e2f3a5d7c9e8f0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f6a", "digitalocean_token"),
+    ("vault login hvs.CAESIJlKbJ3Xq0k2mZ8nYtR5vW7uP4sQ1oN6aE9dF3gH2jK0", "vault_token"),
+    # Source hosting and package registries
+    ("Use ghp_1234567890abcdefghijklmnopqrstuvwxyzAB to push to the mirror.", "github_token"),
+    ("fine-grained token github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz0123456789ABCDEFGH", "github_token"),
+    ("gitlab deploy token glpat-Ab3dEf6hIj9kLm2nOp5q", "gitlab_token"),
+    ("npm publish with npm_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789", "npm_token"),
+    ("//registry.npmjs.org/:_authToken=npm_Zx8Yw7Vu6Ts5Rq4Po3Nm2Lk1Jh0Gf9Ed8Cb7", "npm_token"),
+    ("twine upload with pypi-AgEIcHlwaS5vcmcCJGE4ZjYxYjU3LTc0YzUtNDM4ZS1iYjU0LTQ4MjE0YjJmMmNlYgACKlszWzEsWyJ1cGxvYWQiXV0sWyJ2ZXJzaW9uIiwxXQ", "pypi_token"),
+    # Chat and messaging
+    ("slack bot token xoxb-123456789012-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx", "slack_token"),
+    ("alerts go to https://hooks.slack.com/services/T0123ABCD/B0456EFGH/abcdefghijklmnopqrstuvwx", "slack_webhook"),
+    ("discord bot MTA4NzY1NDMyMTA5ODc2NTQzMg.GhT5kL.aB3dE5fG7hI9jK1lM3nO5pQ7rS9tU1vW3xY5z", "discord_bot_token"),
+    ("post to https://discord.com/api/webhooks/1087654321098765432/Ab3De5Fg7Hi9Jk1Lm3No5Pq7Rs9Tu1Vw3Xy5Z", "discord_webhook"),
+    ("telegram bot 5123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw9 answers /status", "telegram_bot_token"),
+    ("sendgrid 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", "sendgrid_key"),
+    ("twilio api key SK0123456789abcdef0123456789abcdef", "twilio_key"),
+    ("mailchimp key 0123456789abcdef0123456789abcdef-us12", "mailchimp_key"),
+    # Payments and AI vendors
+    ("stripe live key sk_live_4eC39HqLyjWDarjtT1zdp7dc", "stripe_key"),
+    ("stripe test key sk_test_51HbXyZAbCdEfGhIjKlMnOp", "stripe_key"),
+    ("OPENAI key: sk-proj-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789abcd", "openai_api_key"),
+    ("legacy openai key sk-AbCdEfGhIjKlMnOpQrStT3BlbkFJabcdefghij0123", "openai_api_key"),
+    ("claude key sk-ant-api03-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789-_abc", "anthropic_api_key"),
+    ("hf token hf_AbCdEfGhIjKlMnOpQrStUvWxYzAbCdEfGhIj", "huggingface_token"),
+    ("square secret sq0csp-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789AbCdEfG", "square_oauth_secret"),
+    ("the admin key mmcp_0123456789abcdef0123456789abcdef0123456789abcdef works", "engram_api_key"),
+    # Tokens and keys in general shapes
+    ("session cookie eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4ifQ."
+     "SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c", "jwt"),
+    ("-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEA7bq\n-----END RSA PRIVATE KEY-----", "private_key"),
+    ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----", "private_key"),
+    ("-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC", "private_key"),
+    ("-----BEGIN EC PRIVATE KEY-----\nMHcCAQEEIBkg4LVWM9nuwNSk3yByxZpYRTBnVJk5oJ\n-----END EC PRIVATE KEY-----", "private_key"),
+    ("curl -H 'Authorization: Bearer 9f8e7d6c5b4a39281706f5e4d3c2b1a0abcd' https://api.internal", "bearer_token"),
+    ("Authorization: Basic dXNlcjpodW50ZXIyMDI0", "basic_auth"),
+    # Credentials in URLs and on command lines
+    ("DATABASE_URL=postgres://app:Sup3rS3cret@db.internal:5432/app", "credentials_in_url"),
+    ("redis://default:hunter2xyz@cache:6379/0 is the cache", "credentials_in_url"),
+    ("clone https://deploy:gh0stRid3r@git.example.com/acme/api.git", "credentials_in_url"),
+    ("PGPASSWORD=Pg_s3cret_9 psql -h db.internal -U app", "password_assignment"),
+    ("MYSQL_PWD=Tr0ub4dor&3 mysqldump app > app.sql", "password_assignment"),
+    ("run mysql -u root -pS3cr3tPw -h 10.0.0.5 app", "password_assignment"),
+    ("curl -u admin:Adm1nPassw0rd https://jenkins.internal/api/json", "basic_auth"),
+    ("sshpass -p 'R00tPa55' ssh ops@bastion", "password_assignment"),
+    ("~/.netrc: machine api.heroku.com login ops@acme.io password 5f0c2e9a-heroku-token", "password_assignment"),
+    ("pg_dump --password=Dump3r! app", "password_assignment"),
+    # Assignments to credential-named slots
+    ("The staging db password=hunter2 until Friday.", "password_assignment"),
+    ("set DB_PASSWORD='c0rrect-horse' in the env file", "password_assignment"),
+    ('config: {"api_key": "a1b2c3d4e5f6"}', "password_assignment"),
+    ("client_secret: 8f!kq2@Lz9", "password_assignment"),
+    ("api_key = 3f9a1c7e22", "password_assignment"),
+    ("REDIS_TOKEN=Xk9fPq2LmN7vR4tY", "password_assignment"),
+    ("서버 비밀번호: qwer1234! 로 접속한다", "password_assignment"),
+]
+
+# Lines that must pass untouched: prose, config talk, ids, hashes, paths, Korean.
+PROSE: list[str] = [
+    # Config talk with credential-ish words
+    "Set max_token=4096 for the summariser.",
+    "first_pass=done, second_pass=pending in the migration log.",
+    "The linter runs pass=three over the tree.",
+    "bypass=true disables the cache for this request.",
+    "token_budget=2000 keeps replies short.",
+    "max_tokens: 1024 and temperature: 0.2",
+    "password: rotated every quarter by the platform team",
+    "The password field is required on the signup form.",
+    "Passwords must be rotated every 90 days and stored in Vault.",
+    "Always send a Bearer token in the Authorization header; never log it.",
+    "Set password=${DB_PASSWORD} in compose and the value comes from the secret store.",
+    "api_key=<your-api-key> is a placeholder in the README.",
+    "token = os.environ['GITHUB_TOKEN'] reads it at start-up.",
+    "secret = get_secret('db') fetches it from the store.",
+    "secret: [REDACTED] in the incident timeline",
+    "pwd=/srv/app/releases/current is where the release runs.",
+    "Our API keys live in 1Password; rotate with the `keys rotate` command.",
+    "The private key lives in the HSM; only the public key is in the repo.",
+    "mysql -p prompts for the password instead of taking it on the command line.",
+    "Use curl -u with a user name only and curl asks for the password.",
+    "auth_token: none until the user signs in",
+    "password=changeme is the vendor default; we change it at install.",
+    # Hashes, ids, versions
+    "Fixed in commit 3f9a1c7e2b8d4f6a0c1e5b7d9f2a4c6e8b0d1f3a on main.",
+    "Short SHA a1b2c3d of the release tag.",
+    "Request id 550e8400-e29b-41d4-a716-446655440000 failed with 502.",
+    "sha256 of the artifact is e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855.",
+    "md5 d41d8cd98f00b204e9800998ecf8427e matches the mirror.",
+    "Fragment frag-1a2b3c4d5e6f7a8b supersedes frag-0f1e2d3c4b5a6978.",
+    "Job batch-1750000000000-a1b2c3d4 completed.",
+    "ETag W/\"5d41402abc4b2a76b9719d911017c592\" never changes for static assets.",
+    "Docker image ghcr.io/acme/api:1.4.2@sha256:9b2c6f1d2e3a4b5c6d7e8f9a0b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e6f7a8b9c",
+    "Upgraded pydantic from 2.11.7 to 2.12.0 and fastapi to 0.115.6.",
+    "Release v3.14.159 ships on Thursday.",
+    "The integrity field is sha512-Vq3E7jX0qXk1b2Vb9M5R3Q== for left-pad.",
+    "Ticket JIRA-4821 tracks the flaky test.",
+    "The trace id 4bf92f3577b34da6a3ce929d0e0e4736 spans three services.",
+    "session_id=sess-20240611-0042 was rotated after the deploy.",
+    "git log --oneline shows 9fceb02 Fix the retry loop.",
+    "The build number is 20240611.3 on the release branch.",
+    # Base64 of short words, encodings
+    "base64 of hello is aGVsbG8= and that is fine.",
+    "eyJ is how a base64 JSON object starts.",
+    "The header value dGVzdA== decodes to test.",
+    # URLs without credentials, paths
+    "postgresql://postgres@127.0.0.1:5432/engram is the dev database.",
+    "See https://docs.python.org/3/library/secrets.html for token generation.",
+    "The dashboard is at https://grafana.internal:3000/d/abc123/latency?orgId=1.",
+    "Logs are under /var/log/engram/ingest.log and rotate daily.",
+    "Config lives in ~/.config/engram/settings.toml on laptops.",
+    "C:\\Users\\dev\\AppData\\Roaming\\engram\\config.json holds the UI state.",
+    "The AWS region is eu-central-1 and the bucket is logs-prod.",
+    "Ask-me-anything task list: sk-learn pipeline notes",
+    "ssh ops@bastion.internal -p 2222 reaches the jump host.",
+    # Plain prose
+    "The billing service retries failed card payments three times before emailing the customer.",
+    "We chose Postgres because it ships pgvector and the team knows it.",
+    "The nightly job stalls at 02:00 when the backup overlaps with vacuum.",
+    "Restart the ingest service after changing the embedding model.",
+    "Alice prefers short answers with code first.",
+    "The token bucket refills at 10 tokens per second per key.",
+    "A secret santa draw happens every December.",
+    "Passing the test suite takes about four minutes on CI.",
+    # Korean
+    "Korean: 비밀번호는 매달 변경해야 한다.",
+    "서버 배포는 매주 화요일 오후에 진행한다.",
+    "암호화 키는 KMS에 보관하고 코드에는 두지 않는다.",
+    "토큰 예산은 2000으로 설정했다.",
+]
