@@ -120,7 +120,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         app.state.transports = transports
         app.state.registry = registry
         app.state.daily_calls = daily_calls
-        app.state.oauth = OAuthService(pool, settings)
+        app.state.oauth = OAuthService(pool, settings, authenticator)
         app.state.limiter = RateLimiter(redis_client)
         settle_heap()
         try:

@@ -97,9 +97,10 @@ class RegisteredClient:
 class OAuthService:
     """Our OAuthAuthorizationServerProvider (the parts the SDK's token handler calls)."""
 
-    def __init__(self, pool: asyncpg.Pool, settings: GatewaySettings) -> None:
+    def __init__(self, pool: asyncpg.Pool, settings: GatewaySettings, authenticator: Authenticator) -> None:
         self.pool = pool
         self.settings = settings
+        self.authenticator = authenticator
         self.csrf = ConsentCsrf(settings.access_key)
 
     async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
@@ -143,8 +144,14 @@ class OAuthService:
 
     async def load_authorization_code(self, client: OAuthClientInformationFull, authorization_code: str) -> AuthorizationCode | None:
         async with self.pool.acquire() as conn:
-            row = await oauth_repo.get_unused_code(conn, authorization_code, str(client.client_id))
-        if row is None:
+            row = await oauth_repo.get_code(conn, authorization_code, str(client.client_id))
+            revoked = await oauth_repo.revoke_tokens_of_code(conn, authorization_code) if row and row["used_at"] else 0
+        if row is None or row["used_at"] is not None:
+            if revoked:
+                # RFC 6749 §4.1.2: a code presented twice may have been stolen; whoever spent it
+                # first loses the token too. Cached credentials are dropped on every replica.
+                logger.warning("authorization code of client %s presented again: %d token(s) revoked", client.client_id, revoked)
+                await self.authenticator.forget_cached()
             return None
         return AuthorizationCode(
             code=authorization_code, scopes=list(row["scopes"]), expires_at=row["expires_at"].timestamp(),
@@ -161,7 +168,7 @@ class OAuthService:
             if not await oauth_repo.use_code(conn, authorization_code.code):
                 raise TokenError("invalid_grant", "authorization code already used")
             await oauth_repo.create_token(
-                conn, token=token, client_id=authorization_code.client_id, key_id=key_id,
+                conn, token=token, code=authorization_code.code, client_id=authorization_code.client_id, key_id=key_id,
                 scopes=authorization_code.scopes, expires_at=datetime.now(UTC) + ttl,
             )
         return OAuthToken(access_token=token, token_type="Bearer", expires_in=int(ttl.total_seconds()))  # noqa: S106 - a scheme name

@@ -51,6 +51,11 @@ async def create_code(
     )
 
 
+async def get_code(conn: asyncpg.Connection, code: str, client_id: str) -> asyncpg.Record | None:
+    """The code, used or not (`used_at` says which)."""
+    return await conn.fetchrow("SELECT * FROM oauth_codes WHERE code_hash = $1 AND client_id = $2", digest(code), client_id)
+
+
 async def get_unused_code(conn: asyncpg.Connection, code: str, client_id: str) -> asyncpg.Record | None:
     return await conn.fetchrow(
         "SELECT * FROM oauth_codes WHERE code_hash = $1 AND client_id = $2 AND used_at IS NULL", digest(code), client_id
@@ -68,12 +73,17 @@ async def use_code(conn: asyncpg.Connection, code: str) -> bool:
 
 
 async def create_token(
-    conn: asyncpg.Connection, *, token: str, client_id: str, key_id: str | None, scopes: list[str], expires_at: datetime
+    conn: asyncpg.Connection, *, token: str, code: str, client_id: str, key_id: str | None, scopes: list[str], expires_at: datetime
 ) -> None:
     await conn.execute(
-        "INSERT INTO oauth_tokens (token_hash, client_id, key_id, scopes, expires_at) VALUES ($1, $2, $3, $4, $5)",
-        digest(token), client_id, key_id, scopes, expires_at,
+        "INSERT INTO oauth_tokens (token_hash, code_hash, client_id, key_id, scopes, expires_at) VALUES ($1, $2, $3, $4, $5, $6)",
+        digest(token), digest(code), client_id, key_id, scopes, expires_at,
     )
+
+
+async def revoke_tokens_of_code(conn: asyncpg.Connection, code: str) -> int:
+    """Delete the tokens issued from a code (it was presented again); how many."""
+    return len(await conn.fetch("DELETE FROM oauth_tokens WHERE code_hash = $1 RETURNING 1", digest(code)))
 
 
 async def get_token(conn: asyncpg.Connection, token: str) -> asyncpg.Record | None:

@@ -142,13 +142,14 @@ async def test_bound_client_flow_restores_the_key_tenant(stack: Stack) -> None:
         body = token.json()
         assert body["token_type"] == "Bearer" and body["expires_in"] > 0
         access = body["access_token"]
-        # single use
-        again = await _token(http, stack, client_id, code, verifier)
-        assert again.status_code == 400 and again.json()["error"] == "invalid_grant"
     async with mcp_session(stack.mcp_url, access) as s:
         found = await call(s, "recall", {"keywords": [marker], "workspace": ws})
     assert stored["id"] in [f["id"] for f in found["fragments"]], found
     assert {f.get("key_id") for f in found["fragments"]} == {key_id}, found
+    async with httpx.AsyncClient() as http:
+        # single use (and the replay revokes the token: tests/gateway/test_oauth_consent.py)
+        again = await _token(http, stack, client_id, code, verifier)
+        assert again.status_code == 400 and again.json()["error"] == "invalid_grant"
 
 
 async def test_unbound_client_needs_a_key_at_consent(stack: Stack) -> None:

@@ -239,6 +239,25 @@ async def test_a_token_dies_with_its_key(stack: Stack) -> None:
         assert await mcp_status(stack.mcp_url, access) == 401
 
 
+async def test_a_replayed_code_revokes_its_token(stack: Stack) -> None:
+    raw, _ = await create_api_key(stack.database_url)
+    async with httpx.AsyncClient() as http:
+        client_id = (await register(http, stack, raw, client_name="replay")).json()["client_id"]
+        verifier, challenge = pkce()
+        form = await consent_form(http, stack, auth_params(client_id, challenge))
+        code = code_of(await allow(http, stack.gateway_url, form, raw))
+        access = (await _token(http, stack, client_id, code, verifier)).json()["access_token"]
+        assert await mcp_status(stack.mcp_url, access) == 200
+        # RFC 6749 §4.1.2: the code comes back (someone else had it too): refused, and the token
+        # issued from it no longer works.
+        again = await _token(http, stack, client_id, code, verifier)
+        assert again.status_code == 400 and again.json()["error"] == "invalid_grant"
+    assert await mcp_status(stack.mcp_url, access) == 401
+    async with httpx.AsyncClient() as http:
+        other = await consented_token(http, stack, client_id, raw)  # a fresh consent still works
+    assert await mcp_status(stack.mcp_url, other) == 200
+
+
 @pytest.fixture(scope="module")
 def consent_gateway(stack: Stack) -> Iterator[Gateway]:
     """Three wrong keys a minute at the consent form; its own Redis database, so its counters
