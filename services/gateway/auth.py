@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import hmac
 import logging
-import time
 
 import asyncpg
 import redis.asyncio as aioredis
+from cachetools import TTLCache
 from redis.exceptions import RedisError
 
 from shared.domain.principal import Principal
@@ -15,7 +15,7 @@ from shared.repositories import keys as keys_repo
 from shared.repositories import oauth as oauth_repo
 
 # OAuth access tokens issued by /token (services/gateway/oauth.py).
-OAUTH_TOKEN_PREFIX = "oat_"
+OAUTH_TOKEN_PREFIX = "oat_"  # noqa: S105 - a prefix, not a secret
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +24,13 @@ logger = logging.getLogger(__name__)
 # so a key set inactive or deleted stops working at once everywhere; without Redis, at
 # once on the replica that made the change and within this time on the others.
 KEY_CACHE_SECONDS = 10.0
+KEY_CACHE_SIZE = 10_000
 GENERATION_KEY = "engram:keys:generation"
+# A credential check waits this long for a pooled connection; past it the caller gets a 503
+# (services/gateway/unavailable.py) rather than a request that hangs with the pool.
+POOL_ACQUIRE_SECONDS = 5.0
+# Cache entries of the key behind a session, beside the token digests (hex, never this prefix).
+_KEY_ID_ENTRY = "key-id:"
 
 
 class Authenticator:
@@ -32,7 +38,8 @@ class Authenticator:
         self._master_key = master_key
         self._pool = pool
         self._redis = redis
-        self._cache: dict[str, tuple[float, bytes | None, Principal | None]] = {}
+        # Token digest (or key id) -> (the generation it was read under, its principal).
+        self._cache: TTLCache[str, tuple[bytes | None, Principal | None]] = TTLCache(KEY_CACHE_SIZE, KEY_CACHE_SECONDS)
 
     async def authenticate(self, token: str | None) -> Principal | None:
         if not token:
@@ -45,27 +52,48 @@ class Authenticator:
         digest = keys_repo.hash_key(token)
         generation = await self._generation()
         cached = self._cache.get(digest)
-        now = time.monotonic()
-        if cached and cached[0] > now and cached[1] == generation:
-            return cached[2]
-        async with self._pool.acquire() as conn:
+        if cached is not None and cached[0] == generation:
+            return cached[1]
+        async with self._pool.acquire(timeout=POOL_ACQUIRE_SECONDS) as conn:
             if is_oauth:
                 principal = await self._oauth_principal(conn, token)
             else:
                 principal = await keys_repo.principal_for_raw_key(conn, token)
-        if len(self._cache) > 10_000:
-            self._cache.clear()
-        self._cache[digest] = (now + KEY_CACHE_SECONDS, generation, principal)
+        self._cache[digest] = (generation, principal)
         return principal
+
+    async def principal_for_key(self, key_id: str | None) -> Principal | None:
+        """The key behind a session, re-read for a request that carries only the session id:
+        None once it is inactive or deleted. Same cache and generation as authenticate(), so
+        an admin change reaches every replica's sessions at once (within KEY_CACHE_SECONDS
+        without Redis)."""
+        if key_id is None:  # the master key: configuration, not a row
+            return Principal.master()
+        entry = _KEY_ID_ENTRY + key_id
+        generation = await self._generation()
+        cached = self._cache.get(entry)
+        if cached is not None and cached[0] == generation:
+            return cached[1]
+        async with self._pool.acquire(timeout=POOL_ACQUIRE_SECONDS) as conn:
+            principal = await keys_repo.principal_for_key_id(conn, key_id)
+        self._cache[entry] = (generation, principal)
+        return principal
+
+    async def key_state(self, key_id: str) -> str:
+        """Why a key no longer authenticates, for the error that ends its sessions."""
+        async with self._pool.acquire(timeout=POOL_ACQUIRE_SECONDS) as conn:
+            row = await keys_repo.get_key(conn, key_id)
+        return "deleted" if row is None else str(row["status"])
 
     async def _generation(self) -> bytes | None:
         if self._redis is None:
             return None
         try:
-            return await self._redis.get(GENERATION_KEY)
+            generation = await self._redis.get(GENERATION_KEY)
         except (RedisError, OSError):
             logger.debug("key generation unavailable in Redis; the cache expires by time", exc_info=True)
             return None
+        return generation.encode() if isinstance(generation, str) else generation
 
     @staticmethod
     async def _oauth_principal(conn: asyncpg.Connection, token: str) -> Principal | None:

@@ -1,31 +1,37 @@
 """The gateway's front door, in front of every route: body size (413), rate limits (429 +
-Retry-After), the caller's Principal, and the MCP details that live in HTTP rather than in
-JSON-RPC: token-based session reuse and the X-RateLimit-* headers."""
+Retry-After), the caller's Principal, the session's credential (re-checked on every request),
+dependency failures as 503s (services/gateway/unavailable.py), and the MCP details that live
+in HTTP rather than in JSON-RPC: token-based session reuse and the X-RateLimit-* headers."""
 
 from __future__ import annotations
 
 import json
 import logging
-import time
 from typing import Any
 from urllib.parse import parse_qs
 
+from cachetools import TTLCache
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.gateway import unavailable
 from services.gateway.auth import bearer_token
 from services.gateway.limits import body_limit_for
 from services.gateway.mcp_server import PRINCIPAL_SCOPE_KEY
+from services.gateway.sessions import GatewaySession, token_digest
 from shared.domain.principal import Principal
 from shared.repositories import fragments as fragments_repo
 
 logger = logging.getLogger(__name__)
 
-UNMETERED = ("/health", "/metrics")
+UNMETERED = ("/health", "/health/live", "/metrics")
 # seed: fragment usage behind X-RateLimit-* is cached for 10 s.
 USAGE_CACHE_SECONDS = 10.0
-TOKEN_SCOPE_KEY = "engram.token"
+USAGE_CACHE_SIZE = 10_000
+TOKEN_SCOPE_KEY = "engram.token"  # noqa: S105 - a scope key name, not a secret
+# Not a seed code: the JSON-RPC server-error range, as transports.unauthorized() uses for 401.
+UNAUTHORIZED = -32001
 
 
 class _TooLarge(Exception):
@@ -45,12 +51,29 @@ class GatewayEdge:
     def __init__(self, app: ASGIApp, state: Any) -> None:
         self.app = app
         self.state = state  # the FastAPI app's state, filled by its lifespan
-        self._usage: dict[str, tuple[float, int]] = {}
+        self._usage: TTLCache[str, int] = TTLCache(USAGE_CACHE_SIZE, USAGE_CACHE_SECONDS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in UNMETERED or not hasattr(self.state, "limiter"):
             await self.app(scope, receive, send)
             return
+        started = False
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self._serve(scope, receive, watched)
+        except unavailable.DEPENDENCY_ERRORS as exc:
+            if started:  # too late for a status; the connection ends with the error
+                raise
+            logger.warning("%s %s: %s", scope["method"], scope["path"], unavailable.reason(exc), exc_info=True)
+            await unavailable.http_response(scope["path"], exc)(scope, receive, send)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         settings = self.state.settings
         body: bytes | None = None
         if scope["method"] in ("POST", "PUT", "PATCH"):
@@ -63,25 +86,27 @@ class GatewayEdge:
 
         token = request_token(scope)
         principal = await self.state.authenticator.authenticate(token) if token else None
-        if principal is None and token is None and scope["path"] == "/mcp":
-            # seed: Streamable HTTP authenticates at initialize "and the session keeps it":
-            # a live session id stands for the credential that opened the session (not an id
-            # a rotate replaced: that one works only with the credential itself).
-            session = getattr(self.state, "registry", None) and self.state.registry.speaks_for(Headers(scope=scope).get("mcp-session-id"))
-            principal = session.principal if session is not None else None
+        session = self._addressed_session(scope)
+        if session is not None:
+            # seed: Streamable HTTP authenticates at initialize "and the session keeps it"; the
+            # key behind the session is still checked on every request, so a key set inactive
+            # or deleted ends its sessions, and a session answers to no other credential.
+            refusal = await self._check_session(session, token, principal)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+            if token is None and (scope["path"] == "/message" or self.state.registry.speaks_for(_session_id(scope))):
+                # A live session id stands for the credential that opened the session (not
+                # an id a rotate replaced: that one works only with the credential itself).
+                principal = session.principal
         if principal is not None:
             scope[PRINCIPAL_SCOPE_KEY] = principal
             scope[TOKEN_SCOPE_KEY] = token
-        metered = principal
-        if metered is None and scope["path"] == "/message":
-            # Legacy SSE posts carry no credential; they count against the key that opened the stream.
-            session = self._sse_session(scope)
-            metered = session.principal if session is not None else None
-        if metered is None:
+        if principal is None:
             client = scope.get("client")
             allowed, retry = await self.state.limiter.hit("ip", client[0] if client else "unknown", settings.ip_rate_limit_per_min)
-        elif metered.key_id is not None:
-            allowed, retry = await self.state.limiter.hit("key", metered.key_id, settings.key_rate_limit_per_min)
+        elif principal.key_id is not None:
+            allowed, retry = await self.state.limiter.hit("key", principal.key_id, settings.key_rate_limit_per_min)
         else:  # the master key is the operator's, not a tenant's; it is not metered
             allowed, retry = True, 0
         if not allowed:
@@ -95,11 +120,38 @@ class GatewayEdge:
             send = await self._mcp(scope, body, principal, token, send)
         await self.app(scope, receive, send)
 
-    def _sse_session(self, scope: Scope) -> Any:
+    def _addressed_session(self, scope: Scope) -> GatewaySession | None:
+        """The session an MCP request names: Mcp-Session-Id on /mcp, ?sessionId= on /message."""
         registry = getattr(self.state, "registry", None)
-        query = parse_qs(scope.get("query_string", b"").decode())
-        values = query.get("sessionId") or query.get("session_id")
-        return registry.get(values[0]) if registry is not None and values else None
+        if registry is None or scope["path"] not in ("/mcp", "/message"):
+            return None
+        session: GatewaySession | None = registry.get(_session_id(scope))
+        return session if session is not None and not session.closed else None
+
+    async def _check_session(self, session: GatewaySession, token: str | None, principal: Principal | None) -> JSONResponse | None:
+        """Refresh the session's principal from its key; a refusal when the key is gone or the
+        request presents another credential."""
+        if token is not None and principal is None:
+            if session.token_digest is None or session.token_digest != token_digest(token):
+                return None  # an unknown credential: the plain 401 further in
+            current = None  # the session's own credential no longer authenticates
+        elif principal is not None:
+            if principal.key_id != session.principal.key_id:
+                logger.warning("request for session of key %s presented key %s; refused", session.principal.key_id, principal.key_id)
+                return _jsonrpc_error(403, "Forbidden: this session belongs to another credential")
+            current = principal  # authenticated just now, by the same key
+        else:
+            current = await self.state.authenticator.principal_for_key(session.principal.key_id)
+        if current is None:
+            key_id = session.principal.key_id
+            state = await self.state.authenticator.key_state(key_id) if key_id is not None else "invalid"
+            logger.info("ending session %s: key %s is %s", session.session_id, session.principal.key_id, state)
+            await self.state.transports.end_session(session, f"key_{state}")
+            return _jsonrpc_error(
+                401, f"Session ended: its API key is {state}", headers={"WWW-Authenticate": 'Bearer error="invalid_token"'}
+            )
+        session.principal = current
+        return None
 
     async def _read_body(self, scope: Scope, receive: Receive, limit: int) -> bytes:
         length = Headers(scope=scope).get("content-length")
@@ -137,10 +189,10 @@ class GatewayEdge:
         # ids) that continues the Bearer's idle logical session (services/gateway/sessions.py).
         if registry is not None and scope["method"] == "POST" and session_id is None and body and not _has_method(body, "initialize"):
             reused = registry.for_token(token, "streamable-http")
-            if reused is not None and reused in self.state.session_manager._server_instances:  # noqa: SLF001
+            if reused is not None and reused in self.state.session_manager._server_instances:
                 scope["headers"] = [*scope["headers"], (b"mcp-session-id", reused.encode())]
         session = registry.get(session_id) if registry is not None else None
-        if session is not None:
+        if registry is not None and session is not None:
             transport_id = session.ids.get(session_id, session_id)
             if transport_id != session_id:  # an id issued by rotate: the SDK knows the transport by its own
                 scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"mcp-session-id"]
@@ -167,17 +219,27 @@ class GatewayEdge:
         return send_with_headers
 
     async def _fragment_usage(self, key_id: str) -> int:
-        now = time.monotonic()
         cached = self._usage.get(key_id)
-        if cached and cached[0] > now:
-            return cached[1]
+        if cached is not None:
+            return cached
         async with self.state.pool.acquire() as conn:
             # The same count ingest enforces the quota with (every row the key owns).
-            used = await fragments_repo.count_owned(conn, key_id)
-        if len(self._usage) > 10_000:
-            self._usage.clear()
-        self._usage[key_id] = (now + USAGE_CACHE_SECONDS, used)
+            used: int = await fragments_repo.count_owned(conn, key_id)
+        self._usage[key_id] = used
         return used
+
+
+def _session_id(scope: Scope) -> str | None:
+    if scope["path"] == "/message":
+        query = parse_qs(scope.get("query_string", b"").decode())
+        values = query.get("sessionId") or query.get("session_id")
+        return values[0] if values else None
+    return Headers(scope=scope).get("mcp-session-id")
+
+
+def _jsonrpc_error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    body = {"jsonrpc": "2.0", "id": None, "error": {"code": UNAUTHORIZED, "message": message}}
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _has_method(body: bytes, method: str) -> bool:

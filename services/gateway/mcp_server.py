@@ -16,7 +16,7 @@ from opentelemetry import trace
 from prometheus_client import Counter
 
 from services.common.internal import parse_arguments
-from services.gateway import modes, skill_guide
+from services.gateway import modes, skill_guide, unavailable
 from services.gateway.sessions import GatewaySession, SessionRegistry
 from services.gateway.upstream import Upstreams
 from services.gateway.usage import DailyCalls
@@ -72,7 +72,7 @@ class GatewayContext:
 
 def _connection(ctx: Any) -> Any:
     # The SDK keeps per-connection state on the runner's Connection; ServerSession wraps it.
-    return ctx.session._connection  # noqa: SLF001
+    return ctx.session._connection
 
 
 def _session(ctx: Any) -> GatewaySession | None:
@@ -86,6 +86,8 @@ def _principal(ctx: Any) -> Principal:
     if principal is None:
         # Legacy SSE: POST /message carries no credential; the session holds the one from GET /sse.
         session = _session(ctx)
+        if session is not None and session.closed:  # ended (its key was revoked) with a message in flight
+            raise MCPError(code=INVALID_REQUEST, message="Session ended")
         principal = session.principal if session is not None else None
     if principal is None:  # every transport authenticates first; this is a wiring bug
         raise MCPError(code=INVALID_REQUEST, message="Internal error")
@@ -154,6 +156,15 @@ def build_mcp_server(gw: GatewayContext, version: str) -> Server[Any]:
         connection.exit_stack.push_async_callback(closed)
 
     async def middleware(ctx: Any, call_next: Any) -> Any:
+        try:
+            return await handle(ctx, call_next)
+        except unavailable.DEPENDENCY_ERRORS as exc:
+            # Postgres (sessions, topics, daily counts) or an internal service is down: a
+            # JSON-RPC error that says so, not the SDK's code 0 carrying the exception text.
+            logger.warning("%s: %s", ctx.method, unavailable.reason(exc), exc_info=True)
+            raise unavailable.mcp_error(exc) from None
+
+    async def handle(ctx: Any, call_next: Any) -> Any:
         if ctx.method == "initialize":
             result = await call_next(ctx)
             await on_initialize(ctx)
@@ -289,7 +300,8 @@ def build_mcp_server(gw: GatewayContext, version: str) -> Server[Any]:
             body, _ = await gw.upstreams.call("recall", "memory_stats", {}, principal, None)
         elif uri == "memory://topics":
             check_permission(principal, "recall", "read")
-            assert gw.pool is not None
+            if gw.pool is None:  # the lifespan sets it before the first request
+                raise RuntimeError("gateway pool not set up")
             async with gw.pool.acquire() as conn:
                 body = {"topics": await topics_repo.list_topics(conn, principal)}
         elif uri == "memory://config":
@@ -313,9 +325,8 @@ def build_mcp_server(gw: GatewayContext, version: str) -> Server[Any]:
             )
         else:
             raise MCPError(code=-32602, message=f"Unknown resource: {uri}")
-        return types.ReadResourceResult(
-            contents=[types.TextResourceContents(uri=uri, mime_type="application/json", text=json.dumps(body, ensure_ascii=False, default=str))]
-        )
+        text = json.dumps(body, ensure_ascii=False, default=str)
+        return types.ReadResourceResult(contents=[types.TextResourceContents(uri=uri, mime_type="application/json", text=text)])
 
     server: Server[Any] = Server(
         "engram",

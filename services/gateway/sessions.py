@@ -31,7 +31,7 @@ import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import asyncpg
@@ -74,7 +74,7 @@ class GatewaySession:
     seq: int = 1
     segment_started: float = field(default_factory=time.monotonic)
     last_activity: float = field(default_factory=time.monotonic)
-    started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+    started_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
     activity: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=100))
     closed: bool = False
     # Tool calls in the current segment; a segment nobody used is not worth a reflect job.
@@ -232,7 +232,7 @@ class SessionRegistry:
             session.last_activity = now
             session.segment_calls += 1
             segment = session.segment_id(self.segmented)
-            entry = {"tool": tool, "at": datetime.now(timezone.utc).isoformat()}
+            entry = {"tool": tool, "at": datetime.now(UTC).isoformat()}
             session.activity.append(entry)
             session.pending.append(entry)
             session.pending_segment = segment
@@ -297,11 +297,10 @@ class SessionRegistry:
     async def _hand_over(self, session: GatewaySession, old_segment: str, reason: str) -> None:
         """End the old segment's row and start the session's new one in one transaction;
         the ended segment goes to reflect if it saw a tool call."""
-        async with self.pool.acquire() as conn:
-            async with conn.transaction():
-                await self._flush(conn, session)
-                ended = await sessions_repo.end(conn, old_segment, reason)
-                await self._start_row(conn, session, previous_id=old_segment)
+        async with self.pool.acquire() as conn, conn.transaction():
+            await self._flush(conn, session)
+            ended = await sessions_repo.end(conn, old_segment, reason)
+            await self._start_row(conn, session, previous_id=old_segment)
         if ended and session.segment_calls:
             await self._reflect(old_segment, session.principal.key_id, reason)
         session.segment_calls = 0

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from urllib.parse import parse_qs
 from contextlib import AsyncExitStack
 from typing import Any
+from urllib.parse import parse_qs
+from uuid import UUID
 
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
@@ -23,7 +24,7 @@ from starlette.types import Message, Receive, Scope, Send
 from services.gateway import modes
 from services.gateway.edge import TOKEN_SCOPE_KEY
 from services.gateway.mcp_server import PRINCIPAL_SCOPE_KEY
-from services.gateway.sessions import SessionRegistry
+from services.gateway.sessions import GatewaySession, SessionRegistry
 from shared.domain.principal import Principal
 from shared.settings import GatewaySettings
 
@@ -93,27 +94,46 @@ class Transports:
             return
         scope["user"] = _as_user(principal)
         session_id = Headers(scope=scope).get("mcp-session-id")
-        session = self.registry.get(session_id) if self.registry is not None else None
-        if session is None:
+        registry = self.registry
+        session = registry.get(session_id) if registry is not None else None
+        if session is None or registry is None or session_id is None:
             await self.streamable.handle_request(scope, receive, send)
             return
-        assert self.registry is not None and session_id is not None
         # An id issued by rotate arrives here already turned into its transport's (the edge).
         transport_id = session.ids.get(session_id, session_id)
         if session.ids.get(session.session_id) == transport_id and session.session_id != transport_id:
             send = _answering_as(session.session_id, send)  # tell the client the id rotate gave it
-        self.registry.request_started(session)
+        registry.request_started(session)
         try:
             await self.streamable.handle_request(scope, receive, send)
         finally:
-            self.registry.request_ended(session, stream=scope["method"] == "GET")
+            registry.request_ended(session, stream=scope["method"] == "GET")
 
     async def end_transport(self, transport_id: str) -> None:
         """End a Streamable HTTP transport session whose logical session a reconnect took over."""
-        transport = self.streamable._server_instances.pop(transport_id, None)  # noqa: SLF001
-        self.streamable._session_owners.pop(transport_id, None)  # noqa: SLF001
+        transport = self.streamable._server_instances.pop(transport_id, None)
+        self.streamable._session_owners.pop(transport_id, None)
         if transport is not None and not transport.is_terminated:
             await transport.terminate()
+
+    async def end_session(self, session: GatewaySession, reason: str) -> None:
+        """End a logical session and every transport session of it (its key was set inactive
+        or deleted): its ids answer as unknown from now on, on both transports."""
+        if self.registry is None:
+            return
+        for transport_id in list(session.transports):
+            await self.registry.close(transport_id, reason)
+            if session.transport == "sse":
+                self._end_sse(transport_id)
+            else:
+                await self.end_transport(transport_id)
+
+    def _end_sse(self, session_id: str) -> None:
+        # Without its writer the SDK answers POST /message with 404; closing it ends the
+        # session's serve loop, and with it the event stream.
+        writer = self.sse._read_stream_writers.pop(UUID(hex=session_id), None)
+        if writer is not None:
+            writer.close()
 
     # -- legacy SSE --------------------------------------------------------------------
     async def sse_connect(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -121,24 +141,26 @@ class Transports:
         if principal is None:
             await unauthorized(scope)(scope, receive, send)
             return
-        assert self.registry is not None
+        registry = self.registry
+        if registry is None:  # the app's lifespan sets it before the first request
+            raise RuntimeError("session registry not set up")
         mode = modes.normalize(Headers(scope=scope).get(modes.MODE_HEADER)) or modes.normalize(principal.default_mode)
         async with AsyncExitStack() as stack:
             # connect_sse names the session itself; opening one at a time lets us learn the name.
             async with self._sse_open:
-                before = set(self.sse._read_stream_writers)  # noqa: SLF001
+                before = set(self.sse._read_stream_writers)
                 read, write = await stack.enter_async_context(self.sse.connect_sse(scope, receive, _endpoint_as_seed(send)))
-                opened = set(self.sse._read_stream_writers) - before  # noqa: SLF001
+                opened = set(self.sse._read_stream_writers) - before
             session_id = opened.pop().hex
-            session = await self.registry.open(session_id, "sse", principal, scope.get(TOKEN_SCOPE_KEY), mode)
+            await registry.open(session_id, "sse", principal, scope.get(TOKEN_SCOPE_KEY), mode)
             try:
                 await serve_loop(
                     self.server, read, write,
-                    lifespan_state=self.streamable._lifespan_state,  # noqa: SLF001 - the manager's lifespan, entered once
+                    lifespan_state=self.streamable._lifespan_state,
                     session_id=session_id,
                 )
             finally:
-                await self.registry.close(session_id, "sse_disconnect")
+                await registry.close(session_id, "sse_disconnect")
 
     async def sse_message(self, scope: Scope, receive: Receive, send: Send) -> None:
         # seed: POST /message?sessionId=; the SDK reads session_id. Both spellings work.

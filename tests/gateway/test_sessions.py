@@ -99,12 +99,13 @@ async def test_token_based_session_reuse(stack: Stack) -> None:
         stranger = RawMcp(http, stack.mcp_url, other)
         await stranger.initialize()
         assert stranger.session_id != first.session_id
-        # a session answers only the credential that opened it
+        # a session answers only the credential that opened it (403, as rotate answers a
+        # session that is not the caller's)
         stolen = await http.post(
             stack.mcp_url, json={"jsonrpc": "2.0", "id": 9, "method": "tools/list"},
             headers={**stranger.headers, "mcp-session-id": first.session_id, "mcp-protocol-version": "2025-06-18"},
         )
-        assert stolen.status_code == 404
+        assert stolen.status_code == 403 and stolen.json()["error"]["message"].startswith("Forbidden")
         await first.delete()
         await stranger.delete()
         fresh = RawMcp(http, stack.mcp_url, raw)
@@ -170,7 +171,7 @@ async def test_rotate_endpoint_policy(stack: Stack, tuned_gateway: Gateway) -> N
         ping = {"jsonrpc": "2.0", "id": 50, "method": "ping"}
         assert (await http.post(tuned_gateway.mcp_url, json=ping, headers=bare)).status_code == 401
         stolen = await http.post(tuned_gateway.mcp_url, json=ping, headers={**bare, "Authorization": f"Bearer {intruder}"})
-        assert stolen.status_code == 404
+        assert stolen.status_code == 403
         # ... but the client holding the key keeps its connection (seed: "MCP connection state
         # is not affected"): the old id reaches the same session, now under the new id.
         still = await mcp.request("resources/read", {"uri": "memory://active-session"})
@@ -319,7 +320,7 @@ async def test_session_keeps_the_credential_of_initialize(stack: Stack) -> None:
         assert json.loads(rpc_body(reply)["result"]["contents"][0]["text"])["keyId"] == key_id
         # another credential still cannot use it
         stolen = await http.post(stack.mcp_url, json={"jsonrpc": "2.0", "id": 6, "method": "tools/list"}, headers={**bare, "Authorization": f"Bearer {other}"})
-        assert stolen.status_code == 404
+        assert stolen.status_code == 403
         # nor a wrong one
         wrong = await http.post(stack.mcp_url, json={"jsonrpc": "2.0", "id": 7, "method": "tools/list"}, headers={**bare, "Authorization": "Bearer nope"})
         assert wrong.status_code == 401
