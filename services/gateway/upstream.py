@@ -6,11 +6,13 @@ call (bench/gateway_bench.py's direct case, same machine, same moment)."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
-from typing import Any
+from typing import Any, Literal
 
 import httpx2
+from cachetools import TTLCache
 
 from shared.domain.errors import EngramError, InvalidParams, PolicyViolation, Unavailable
 from shared.domain.principal import Principal
@@ -18,7 +20,15 @@ from shared.telemetry import inject_headers
 
 logger = logging.getLogger(__name__)
 
-SERVICE_TOKEN_HEADER = "x-engram-service-token"
+SERVICE_TOKEN_HEADER = "x-engram-service-token"  # noqa: S105 - a header name, not a secret
+# A replica that is refused at once costs nothing; one that does not answer its /health within
+# this long is not serving tool calls either. /health stays inside the readiness probe's 3 s.
+HEALTH_PROBE_SECONDS = 1.0
+# Probes every few seconds from each kubelet and load balancer are answered from one round of
+# replica probes per this interval.
+HEALTH_CACHE_SECONDS = 2.0
+# Per service: every replica answers "ok"; some do ("degraded"); none does ("down").
+ServiceStatus = Literal["ok", "degraded", "down"]
 
 
 class UpstreamError(EngramError):
@@ -49,6 +59,7 @@ class Upstreams:
             timeout=httpx2.Timeout(timeout, connect=2.0),
             limits=httpx2.Limits(max_connections=200, max_keepalive_connections=50),
         )
+        self._health: TTLCache[str, dict[str, Any]] = TTLCache(1, HEALTH_CACHE_SECONDS)
 
     def urls(self, service: str) -> list[str]:
         return self._urls[service]
@@ -70,8 +81,8 @@ class Upstreams:
                 last_error = exc
                 logger.warning("%s replica %s unreachable", service, url)
                 continue
-            except httpx2.HTTPError as exc:
-                raise Unavailable(f"{service} service error: {exc.__class__.__name__}") from exc
+            except httpx2.HTTPError as exc:  # a read timeout, a reset: the replica took the call and failed
+                raise Unavailable(f"{service} service unavailable ({exc.__class__.__name__})") from exc
             try:
                 body = response.json()
             except ValueError:  # not our JSON reply: a crash page, a proxy's error
@@ -83,15 +94,35 @@ class Upstreams:
         raise Unavailable(f"{service} service unavailable") from last_error
 
     async def health(self) -> dict[str, Any]:
-        report: dict[str, Any] = {}
-        for service, urls in self._urls.items():
-            for url in urls:
-                try:
-                    response = await self.client.get(f"{url}/health", timeout=2.0)
-                    report[url] = {"service": service, "status": "ok" if response.status_code == 200 else "degraded"}
-                except httpx2.HTTPError as exc:
-                    report[url] = {"service": service, "status": "down", "error": exc.__class__.__name__}
+        """Each replica's /health, probed concurrently: url -> {service, status[, error]}."""
+        cached = self._health.get("report")
+        if cached is not None:
+            return cached
+        targets = [(service, url) for service, urls in self._urls.items() for url in urls]
+        probes = await asyncio.gather(*(self._probe(service, url) for service, url in targets))
+        report = {url: probe for (_, url), probe in zip(targets, probes, strict=True)}
+        self._health["report"] = report
         return report
+
+    async def _probe(self, service: str, url: str) -> dict[str, Any]:
+        try:
+            response = await self.client.get(f"{url}/health", timeout=HEALTH_PROBE_SECONDS)
+        except httpx2.HTTPError as exc:
+            return {"service": service, "status": "down", "error": exc.__class__.__name__}
+        return {"service": service, "status": "ok" if response.status_code == 200 else "degraded"}
+
+    @staticmethod
+    def service_status(report: dict[str, Any]) -> dict[str, ServiceStatus]:
+        """Per service from the replica report: "ok", "degraded" (some replicas not ok) or
+        "down" (no replica ok: its tools cannot be served)."""
+        by_service: dict[str, list[str]] = {}
+        for info in report.values():
+            by_service.setdefault(info["service"], []).append(info["status"])
+        status: dict[str, ServiceStatus] = {}
+        for service, replicas in by_service.items():
+            ok = replicas.count("ok")
+            status[service] = "ok" if ok == len(replicas) else "degraded" if ok else "down"
+        return status
 
     async def aclose(self) -> None:
         await self.client.aclose()
