@@ -1,20 +1,35 @@
-"""Background jobs from the request path: buffered during a transaction, sent after commit.
+"""Background jobs from the request path: recorded with the write, sent outside the request.
 
 A job that reads a row must not be sent before the row exists, and a rolled-back write
-must send nothing. Ingest collects jobs in a JobBuffer and flushes it only after its
-transaction commits. Jobs are addressed by dotted task name, so the sender never imports
-the worker's code.
+must send nothing. With Redis, ingest records each job as a row of the job outbox inside
+the write's own transaction (JobBuffer.record): the job exists exactly when the write
+committed, survives a crash right after the commit, and costs the request one INSERT, never
+a broker round trip. shared/job_relay.py sends the rows to Celery from a background task,
+woken right after the commit, so a job still starts within milliseconds; while the broker is
+down the rows wait and the relay backs off. A best-effort send from the request after the
+commit (behind a breaker) was the other option; it saves no latency the relay's wake-up
+does not already save, and it would put the broker back in the request whenever the breaker
+is closed but Redis has just died. Without Redis (REDIS_ENABLED=false) the jobs stay in the
+buffer and ingest runs them inline after the commit.
+
+Jobs are addressed by dotted task name, so the sender never imports the worker's code.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+import asyncpg
 from celery import Celery
+from kombu.exceptions import KombuError
 from prometheus_client import Counter
+from redis.exceptions import RedisError
 
+from shared.repositories import outbox as outbox_repo
+from shared.repositories.outbox import OutboxJob
 from shared.telemetry import inject_headers
 
 logger = logging.getLogger(__name__)
@@ -25,12 +40,47 @@ QUEUE_MAINTENANCE = "maintenance"
 QUEUE_BATCH = "batch"
 
 
-def celery_client(broker_url: str) -> Celery:
-    """A producer-only Celery app (no task code)."""
+# Connect and read timeout of one send. Measured against a listener that accepts and never
+# answers: the old 2 s timeouts plus kombu's connection retries (its transport option
+# max_retries, unset = retry) cost ~6 s a send, with the broker refusing or hung alike; with
+# these, 0.3 s hung and ~1 ms refused.
+SEND_TIMEOUT_S = 0.3
+
+
+def celery_client(broker_url: str, timeout: float = SEND_TIMEOUT_S) -> Celery:
+    """A producer-only Celery app (no task code) whose sends fail within `timeout` when the
+    broker is unreachable, never retrying inside the caller."""
     app = Celery("engram-producer", broker=broker_url)
-    app.conf.update(broker_connection_retry_on_startup=False, broker_connection_max_retries=0)
-    app.conf.broker_transport_options = {"socket_connect_timeout": 2, "socket_timeout": 2}
+    app.conf.update(
+        broker_connection_retry_on_startup=False, broker_connection_retry=False,
+        broker_connection_max_retries=0, broker_connection_timeout=timeout,
+    )
+    app.conf.broker_transport_options = {
+        "socket_connect_timeout": timeout, "socket_timeout": timeout, "retry_on_timeout": False, "max_retries": 0,
+    }
     return app
+
+
+def broker_key(broker_url: str) -> str:
+    """How outbox rows name the broker they are for: a hash, so no password is stored."""
+    return hashlib.sha256(broker_url.encode()).hexdigest()[:16]
+
+
+# What a send raises when the broker is away (kombu wraps most of it in OperationalError).
+BROKER_ERRORS = (KombuError, RedisError, OSError)
+
+
+def send_outbox_jobs(client: Celery, jobs: list[OutboxJob]) -> int:
+    """Send jobs in order until the broker refuses one; return how many were sent."""
+    for n, job in enumerate(jobs):
+        try:
+            client.send_task(job.task, kwargs=job.kwargs, queue=job.queue, headers=job.headers, retry=False)
+        except BROKER_ERRORS:
+            logger.warning("broker unavailable; %d outbox jobs wait for the next try", len(jobs) - n, exc_info=True)
+            JOBS_SENT.labels(job.task, "failed").inc()
+            return n
+        JOBS_SENT.labels(job.task, "sent").inc()
+    return len(jobs)
 
 
 @dataclass
@@ -42,10 +92,25 @@ class Job:
 
 @dataclass
 class JobBuffer:
+    """outbox (a broker_key): record() writes jobs to the job outbox in the caller's
+    transaction, for that broker's relay. outbox=None (no Redis): record() keeps them here,
+    for the caller to run after commit. add() + send() are the direct path of callers
+    without a transaction of their own."""
+
+    outbox: str | None = None
     jobs: list[Job] = field(default_factory=list)
+    recorded: int = 0
 
     def add(self, task: str, queue: str = QUEUE_MAINTENANCE, **kwargs: Any) -> None:
         self.jobs.append(Job(task, kwargs, queue))
+
+    async def record(self, conn: asyncpg.Connection, task: str, queue: str = QUEUE_MAINTENANCE, **kwargs: Any) -> None:
+        """Inside the write's transaction: the job commits or rolls back with the write."""
+        if self.outbox is None:
+            self.add(task, queue, **kwargs)
+            return
+        await outbox_repo.insert(conn, self.outbox, task, queue, kwargs, inject_headers({}))
+        self.recorded += 1
 
     def send(self, client: Celery | None) -> list[Job]:
         """Send every buffered job; return those that could not be sent."""
@@ -57,7 +122,7 @@ class JobBuffer:
             try:
                 client.send_task(job.task, kwargs=job.kwargs, queue=job.queue, headers=inject_headers({}), retry=False)
                 JOBS_SENT.labels(job.task, "sent").inc()
-            except Exception:  # kombu raises several transport errors; the job is kept either way
+            except BROKER_ERRORS:
                 logger.warning("could not enqueue %s; it will run inline", job.task, exc_info=True)
                 JOBS_SENT.labels(job.task, "failed").inc()
                 unsent.append(job)

@@ -43,6 +43,18 @@ class CommonSettings(BaseSettings):
     # screens every write tool, recall screens tool_feedback's free text.
     secret_policy: Literal["reject", "redact"] = Field("reject", alias="ENGRAM_SECRET_POLICY")
 
+    # Connect and command timeout of the request-path Redis clients (cache, batch queue,
+    # effects, the Celery producer). A loopback or LAN Redis answers in well under 1 ms; this
+    # only bounds what a hung or unreachable one costs before the breaker opens.
+    redis_timeout: timedelta = Field(timedelta(milliseconds=250), alias="REDIS_TIMEOUT")
+    # After a Redis failure the request path skips Redis this long (one probe then tries again).
+    redis_breaker_cooldown: timedelta = Field(timedelta(seconds=5), alias="REDIS_BREAKER_COOLDOWN")
+
+    @field_validator("redis_timeout", "redis_breaker_cooldown", mode="before")
+    @classmethod
+    def _redis_seconds(cls, value: object) -> object:
+        return seconds_or_duration(value)
+
     @property
     def redis_active(self) -> bool:
         return self.redis_enabled and bool(self.redis_url)
@@ -152,8 +164,12 @@ class IngestSettings(CommonSettings):
     feedback_rate_forget: float = Field(0.25, alias="MEMENTO_FEEDBACK_RATE_FORGET", ge=0, le=1)
     feedback_max_per_session: int = Field(2, alias="MEMENTO_FEEDBACK_MAX_PER_SESSION")
     feedback_cooldown: timedelta = Field(timedelta(seconds=900), alias="MEMENTO_FEEDBACK_COOLDOWN")
+    # The job outbox relay (shared/job_relay.py): an idle look for rows left by other
+    # replicas, and the longest wait between two tries while the broker is down.
+    outbox_poll_interval: timedelta = Field(timedelta(seconds=2), alias="ENGRAM_OUTBOX_POLL_INTERVAL")
+    outbox_backoff_max: timedelta = Field(timedelta(seconds=30), alias="ENGRAM_OUTBOX_BACKOFF_MAX")
 
-    @field_validator("feedback_cooldown", mode="before")
+    @field_validator("feedback_cooldown", "outbox_poll_interval", "outbox_backoff_max", mode="before")
     @classmethod
     def _seconds(cls, value: object) -> object:
         return seconds_or_duration(value)
@@ -174,6 +190,8 @@ class MaintenanceSettings(CommonSettings):
     link_sweep_interval: timedelta = Field(timedelta(minutes=5), alias="LINK_SWEEP_INTERVAL")
     reflect_sweep_interval: timedelta = Field(timedelta(minutes=5), alias="REFLECT_SWEEP_INTERVAL")
     embedding_backfill_interval: timedelta = Field(timedelta(minutes=10), alias="EMBEDDING_BACKFILL_INTERVAL")
+    # Beat's drain of the job outbox, for rows whose ingest process died before relaying them.
+    outbox_relay_interval: timedelta = Field(timedelta(seconds=30), alias="ENGRAM_OUTBOX_RELAY_INTERVAL")
     # An open session idle this long is ended ("expired") and reflected by the sweep.
     session_idle_ttl: timedelta = Field(timedelta(hours=24), alias="SESSION_IDLE_TTL")
     # mnemory: FSCK_AUTO_INTERVAL hours, 0 = off; thresholds for what auto-fsck applies.

@@ -1,8 +1,9 @@
 """Admin tool handlers served by ingest on behalf of maintenance (memory_consolidate).
 
 Ingest never runs the cycle itself (it must not import the worker's code): it records a
-maintenance_runs row, sends "maintenance.consolidate" with the run id after that row is
-committed, and waits a bounded time for the worker to finish it.
+maintenance_runs row and the "maintenance.consolidate" job (the job outbox, shared/jobs.py)
+in one transaction, and waits a bounded time for the worker to finish it. While the broker
+is down the run stays queued and starts when the broker is back; the reply says queued.
 """
 
 from __future__ import annotations
@@ -13,10 +14,7 @@ import logging
 import time
 from typing import Any
 
-import anyio
 from fastapi import Request
-from kombu.exceptions import KombuError
-from redis.exceptions import RedisError
 
 from services.common.internal import ToolContext, parse_arguments
 from shared.contract.maintenance import CONSOLIDATION_STAGES, MemoryConsolidateArgs
@@ -24,7 +22,6 @@ from shared.domain.errors import InvalidParams
 from shared.jobs import QUEUE_MAINTENANCE
 from shared.repositories import maintenance as runs_repo
 from shared.repositories.maintenance import Tenant
-from shared.telemetry import inject_headers
 
 logger = logging.getLogger(__name__)
 
@@ -40,33 +37,24 @@ async def memory_consolidate(request: Request, ctx: ToolContext, arguments: dict
     unknown = sorted(set(args.stages or ()) - set(CONSOLIDATION_STAGES))
     if unknown:
         raise InvalidParams(f"Invalid params: stages: unknown {unknown}; one of {list(CONSOLIDATION_STAGES)}")
-    celery = request.app.state.celery
-    if celery is None:
+    res = request.app.state.resources
+    relay = res.relay
+    if relay is None:
         return {"success": False, "error": "memory_consolidate needs Redis: the cycle runs in the maintenance "
                 "worker, and REDIS_ENABLED is false or REDIS_URL is unset"}, True
-    pool = request.app.state.resources.pool
+    pool = res.pool
     tenant = Tenant.of(ctx.principal)
-    async with pool.acquire() as conn:
+    jobs = res.job_buffer()
+    async with pool.acquire() as conn, conn.transaction():
         run_id = await runs_repo.create_run(conn, "consolidate", tenant, {"stages": args.stages, "trigger": "memory_consolidate"})
-
-    def send() -> None:
-        celery.send_task(
-            CONSOLIDATE_TASK, kwargs={"run_id": run_id, "tenant": tenant.label, "stages": args.stages},
-            queue=QUEUE_MAINTENANCE, headers=inject_headers({}), retry=False,
-        )
-
-    try:
-        await anyio.to_thread.run_sync(send)
-    except (KombuError, RedisError, OSError) as exc:
-        logger.warning("could not enqueue %s", CONSOLIDATE_TASK, exc_info=True)
-        async with pool.acquire() as conn:
-            await runs_repo.finish_run(conn, run_id, "failed", {}, f"broker unavailable: {exc.__class__.__name__}")
-        return {"success": False, "runId": run_id, "error": "Redis is unreachable; the consolidation was not queued"}, True
+        await jobs.record(conn, CONSOLIDATE_TASK, queue=QUEUE_MAINTENANCE, run_id=run_id, tenant=tenant.label, stages=args.stages)
+    relay.wake()
 
     if not args.wait:
         return {"queued": True, "runId": run_id}, False
     deadline = time.monotonic() + WAIT_SECONDS
-    while time.monotonic() < deadline:
+    # While the broker refuses the job nothing can finish it: answer queued at once.
+    while time.monotonic() < deadline and not relay.broker_down:
         await asyncio.sleep(POLL_SECONDS)
         async with pool.acquire() as conn:
             row = await runs_repo.get_run(conn, run_id)

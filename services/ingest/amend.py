@@ -135,7 +135,7 @@ async def amend(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, argument
             if "passage_embeddings" not in changes:  # same content: same passages
                 await fragments_repo.copy_passages(conn, row["id"], new.id)
             await revisions_repo.supersede(conn, principal, new.id, [row["id"]])
-            jobs.add("maintenance.link_new_fragments", fragment_ids=[new.id])
+            await jobs.record(conn, "maintenance.link_new_fragments", fragment_ids=[new.id])
             result.update(id=new.id, superseded=row["id"])
         else:
             result["version"] = await revisions_repo.record_version(conn, row, principal.key_id)

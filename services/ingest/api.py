@@ -16,7 +16,6 @@ from services.ingest import remember as remember_tool
 from services.ingest import transfer as transfer_tool
 from services.ingest.admin_tools import TOOL_HANDLERS as ADMIN_TOOL_HANDLERS
 from services.ingest.service import after_commit, invalidate_recall_cache
-from shared.jobs import JobBuffer
 
 router = APIRouter()
 router.add_api_route("/health", database_health("ingest"), methods=["GET"])
@@ -32,9 +31,9 @@ def _with_jobs(tool):  # type: ignore[no-untyped-def]
 
     async def handler(request: Request, ctx: ToolContext, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         res = request.app.state.resources
-        jobs = JobBuffer()
+        jobs = res.job_buffer()
         result = await tool(res, jobs, ctx, arguments)
-        await after_commit(res, jobs, request.app.state.celery)
+        await after_commit(res, jobs)
         if _wrote(result, arguments):
             await invalidate_recall_cache(res, ctx.principal)
         return result

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
 from fastapi import FastAPI
-from redis.asyncio import Redis
 
 from services.common.heap import settle_heap
-from services.ingest.api import router, tool_handlers
-from services.ingest.service import WriteResources
 from services.common.internal import install_internal_api
+from services.ingest.api import router, tool_handlers
+from services.ingest.service import INLINE_JOBS, WriteResources
 from shared.db import create_pool
 from shared.embeddings import load_embedder
-from shared.jobs import celery_client
+from shared.job_relay import OutboxRelay
+from shared.jobs import broker_key, celery_client, send_outbox_jobs
+from shared.redis_breaker import request_path_redis
 from shared.settings import IngestSettings
 from shared.telemetry import configure_logging, configure_tracing
 
@@ -29,15 +33,30 @@ def create_app(settings: IngestSettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool = await create_pool(settings.database_url, min_size=settings.db_pool_min, max_size=settings.db_pool_max)
         embedder = await anyio.to_thread.run_sync(load_embedder)
-        # The batch queue and the feedback-sampling limits; no connection is made until used.
-        redis = Redis.from_url(settings.redis_url, socket_connect_timeout=2, socket_timeout=5) if settings.redis_active else None
+        # The batch queue, the recall cache's generations and the feedback-sampling limits;
+        # no connection is made until used, and a Redis outage costs a request ~nothing.
+        redis = request_path_redis(settings.redis_url, settings) if settings.redis_active else None
+        broker_url = settings.broker_url or settings.redis_url
+        celery = celery_client(broker_url) if settings.redis_active else None
+        relay = None
+        if celery is not None:
+            relay = OutboxRelay(
+                pool, broker_key(broker_url), functools.partial(send_outbox_jobs, celery),
+                poll=settings.outbox_poll_interval.total_seconds(), backoff_max=settings.outbox_backoff_max.total_seconds(),
+                inline=INLINE_JOBS,
+            )
         app.state.settings = settings
-        app.state.resources = WriteResources(pool=pool, embedder=embedder, settings=settings, redis=redis)
-        app.state.celery = celery_client(settings.broker_url or settings.redis_url) if settings.redis_active else None
+        app.state.resources = WriteResources(pool=pool, embedder=embedder, settings=settings, redis=redis, relay=relay)
+        app.state.celery = celery
+        relaying = asyncio.create_task(relay.run()) if relay is not None else None
         settle_heap()
         try:
             yield
         finally:
+            if relaying is not None:
+                relaying.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await relaying
             if redis is not None:
                 await redis.aclose()
             await pool.close()

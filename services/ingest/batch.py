@@ -130,6 +130,15 @@ async def _insert_isolated(conn: asyncpg.Connection, principal: Principal, fresh
     return inserted
 
 
+async def _refresh_statistics(conn: asyncpg.Connection, inserted: int) -> None:
+    """After the commit: the batch is stored, and a failed ANALYZE must not report it as
+    failed (the planner's statistics catch up with autovacuum's next analyze)."""
+    try:
+        await fragments_repo.refresh_statistics_if_young(conn, inserted)
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+        logger.warning("statistics refresh after a batch failed", exc_info=True)
+
+
 def _with_redactions(results: list[Any], planned: Planned) -> None:
     for i, f, _ in planned:
         if f.extra.get("secrets_redacted") and results[i] and results[i]["success"]:
@@ -155,9 +164,9 @@ async def store_batch(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, ar
             async with conn.transaction():
                 inserted = await _store(conn, principal, planned, results)
                 if inserted:
-                    jobs.add("maintenance.link_new_fragments", fragment_ids=inserted)
+                    await jobs.record(conn, "maintenance.link_new_fragments", fragment_ids=inserted)
             if inserted:
-                await fragments_repo.refresh_statistics_if_young(conn, len(inserted))
+                await _refresh_statistics(conn, len(inserted))
         _with_redactions(results, planned)
 
     final = [r for r in results if r is not None]
@@ -214,11 +223,21 @@ async def _queue_batch(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, a
         logger.warning("batch queue unavailable; storing synchronously", exc_info=True)
         return None
     if items:
-        jobs.add("maintenance.batch_remember", queue=QUEUE_BATCH, job_id=job_id)
+        await _wake_batch_consumer(res, jobs, job_id)
     reply: dict[str, Any] = {"async": True, "accepted": len(items), "rejected": len(rejected), "jobId": job_id if items else None}
     if rejected:
         reply["errors"] = rejected
     return reply
+
+
+async def _wake_batch_consumer(res: WriteResources, jobs: JobBuffer, job_id: str) -> None:
+    """The job is on the Redis queue (its commit): the wake-up is only a shortcut, since
+    beat's batch_recover takes any queued job, so failing to record it fails nothing."""
+    try:
+        async with res.pool.acquire() as conn:
+            await jobs.record(conn, "maintenance.batch_remember", queue=QUEUE_BATCH, job_id=job_id)
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+        logger.warning("batch job %s queued without a wake-up; the periodic recovery will take it", job_id, exc_info=True)
 
 
 async def batch_remember(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool]:

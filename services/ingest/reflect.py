@@ -93,7 +93,7 @@ async def reflect(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, argume
     async with res.pool.acquire() as conn, conn.transaction():
         inserted = await batch._store(conn, principal, planned, results) if planned else []
         if inserted:
-            jobs.add("maintenance.link_new_fragments", fragment_ids=inserted)
+            await jobs.record(conn, "maintenance.link_new_fragments", fragment_ids=inserted)
         if args.task_effectiveness is not None:
             task = normalise_task_effectiveness(args.task_effectiveness.model_dump())
             task_feedback_id = await task_feedback_repo.insert(conn, key_id=principal.key_id, session_id=session_id, task=task)

@@ -116,7 +116,7 @@ async def remember(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, argum
             await fragments_repo.insert_many(conn, [f])
             superseded = await revisions_repo.supersede(conn, principal, f.id, args.supersedes) if args.supersedes else []
             linked = await _link_to(conn, principal, f.id, args.linkedTo) if args.linkedTo else []
-            jobs.add("maintenance.link_new_fragments", fragment_ids=[f.id])
+            await jobs.record(conn, "maintenance.link_new_fragments", fragment_ids=[f.id])
 
     result: dict[str, Any] = {
         "success": True,

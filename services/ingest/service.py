@@ -23,6 +23,7 @@ from shared.domain.passages import embedding_inputs, split_vectors
 from shared.domain.principal import Principal
 from shared.domain.secrets import screen_args
 from shared.embeddings import Embedder
+from shared.job_relay import Inline, OutboxRelay
 from shared.jobs import JobBuffer
 from shared.recall_cache import bump_recall_generation
 from shared.repositories import fragments as fragments_repo
@@ -53,7 +54,12 @@ class WriteResources:
     embedder: Embedder
     settings: IngestSettings = field(default_factory=IngestSettings)
     redis: Redis | None = None
+    # With Redis: jobs go to the outbox and this relays them; without, they run inline.
+    relay: OutboxRelay | None = None
     _embed_turn: anyio.CapacityLimiter | None = None
+
+    def job_buffer(self) -> JobBuffer:
+        return JobBuffer(outbox=self.relay.broker if self.relay is not None else None)
 
     async def embed(self, texts: list[str]) -> np.ndarray:
         # Model calls run in worker threads (onnxruntime releases the GIL), keeping the
@@ -168,19 +174,31 @@ def build_fragment(
     return f
 
 
-async def after_commit(res: WriteResources, jobs: JobBuffer, celery: Any) -> None:
-    """Send buffered jobs; whatever could not be queued runs here so nothing is dropped."""
-    # Sending talks to Redis synchronously (kombu); keep it off the event loop.
-    unsent = await anyio.to_thread.run_sync(jobs.send, celery)
-    for job in unsent:
-        if job.task == "maintenance.link_new_fragments":
+async def _link_new_fragments(conn: asyncpg.Connection, kwargs: dict[str, Any]) -> None:
+    await links_repo.auto_link(conn, kwargs["fragment_ids"])
+
+
+# Jobs ingest can run itself: without Redis, and in the relay while the broker is down.
+INLINE_JOBS: Inline = {"maintenance.link_new_fragments": _link_new_fragments}
+
+
+async def after_commit(res: WriteResources, jobs: JobBuffer) -> None:
+    """The write has committed and is reported as stored whatever happens here: recorded jobs
+    are the relay's (woken now); without Redis the buffered jobs run inline, best effort."""
+    if jobs.recorded and res.relay is not None:
+        res.relay.wake()
+    for job in jobs.jobs:
+        run = INLINE_JOBS.get(job.task)
+        if run is None:
+            logger.error("job %s has no inline path without Redis", job.task)
+            continue
+        try:
             async with res.pool.acquire() as conn, conn.transaction():
-                await links_repo.auto_link(conn, job.kwargs["fragment_ids"])
-        elif job.task == "maintenance.batch_remember":
-            # The job is on the Redis batch queue already; beat's batch_recover drains it.
-            logger.warning("batch job %s queued without a wake-up; the periodic recovery will take it", job.kwargs)
-        else:
-            logger.error("job %s could not be queued and has no inline path", job.task)
+                await run(conn, job.kwargs)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+            # The fragments stay in fragment_link_pending; the link sweep makes their links.
+            logger.warning("job %s %s deferred to the periodic sweep", job.task, job.kwargs, exc_info=True)
+    jobs.jobs.clear()
 
 
 async def invalidate_recall_cache(res: WriteResources, principal: Principal) -> None:

@@ -164,7 +164,7 @@ async def import_fragments(res: WriteResources, jobs: JobBuffer, ctx: ToolContex
         async with res.pool.acquire() as conn, conn.transaction():
             inserted = await _insert_isolated(conn, ctx.principal, fresh, results)
             if inserted:
-                jobs.add("maintenance.link_new_fragments", fragment_ids=inserted)
+                await jobs.record(conn, "maintenance.link_new_fragments", fragment_ids=inserted)
         _with_redactions(results, fresh)
 
     final = [r for r in results if r is not None]

@@ -17,6 +17,7 @@ def beat_schedule(s: MaintenanceSettings) -> dict[str, dict]:
     schedule: dict[str, dict] = {
         "maintenance.link_sweep": {"task": "maintenance.link_sweep", "schedule": s.link_sweep_interval.total_seconds()},
         "maintenance.reflect_sweep": {"task": "maintenance.reflect_sweep", "schedule": s.reflect_sweep_interval.total_seconds()},
+        "maintenance.outbox_relay": {"task": "maintenance.outbox_relay", "schedule": s.outbox_relay_interval.total_seconds()},
     }
     if s.consolidate_enabled:
         # seed: the scheduler runs the full cycle every 6 hours by default.

@@ -12,8 +12,10 @@ import asyncpg
 
 from services.maintenance import fsck as fsck_service
 from services.maintenance import reflect, service
-from services.maintenance.celery_app import app
+from services.maintenance.celery_app import app, settings
 from services.maintenance.runtime import runtime
+from shared import job_relay
+from shared.jobs import broker_key, send_outbox_jobs
 
 # Lost connections and an unreachable ingest are worth retrying; a bug is not.
 RETRYABLE = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError)
@@ -64,6 +66,14 @@ def reflect_sweep() -> int:
     for kwargs in pending:
         auto_reflect.apply_async(kwargs=kwargs)
     return len(pending)
+
+
+@app.task(name="maintenance.outbox_relay", autoretry_for=RETRYABLE, **RETRY)
+def outbox_relay() -> int:
+    """Jobs recorded by an ingest process that died before relaying them (every ingest
+    relays its own at once; this is the backstop). Bounded: 50 batches a run."""
+    broker = broker_key(settings.broker_url or settings.redis_url)
+    return runtime().run(lambda pool: job_relay.drain(pool, broker, lambda jobs: send_outbox_jobs(app, jobs)))
 
 
 @app.task(name="maintenance.fsck", autoretry_for=RETRYABLE, **RETRY)

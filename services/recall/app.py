@@ -11,7 +11,6 @@ from contextlib import asynccontextmanager
 
 import anyio
 from fastapi import FastAPI
-from redis.asyncio import Redis
 
 from services.common.heap import settle_heap
 from services.common.internal import install_internal_api
@@ -22,6 +21,7 @@ from shared.db import create_pool
 from shared.domain.keywords import korean_morphemes
 from shared.domain.tokens import TokenCounter
 from shared.embeddings import load_embedder, model_dir
+from shared.redis_breaker import request_path_redis
 from shared.telemetry import configure_logging, configure_tracing
 
 
@@ -44,10 +44,7 @@ def create_app(settings: ReadSettings | None = None) -> FastAPI:
         # Load the Korean analyser now rather than on the first Korean query (~2 s).
         await anyio.to_thread.run_sync(korean_morphemes, "한국어")
         tokens = TokenCounter(model_dir() / "tokenizer.json")
-        redis = (
-            Redis.from_url(settings.redis_url, socket_connect_timeout=2, socket_timeout=5)
-            if settings.redis_active else None
-        )
+        redis = request_path_redis(settings.redis_url, settings) if settings.redis_active else None
         # Pod name (k8s) or host, plus port (several replicas on one dev host).
         effects = SideEffects(pool, redis, replica=f"{socket.gethostname()}-{settings.port}")
         app.state.settings = settings

@@ -2,8 +2,10 @@
 after the response and never lost.
 
 With Redis each effect is one LPUSH onto a shared list; a drainer in every replica moves
-batches to its own processing list (BLMOVE, the reliable-queue pattern), applies them in one
-transaction, then drops them. A replica that died mid-batch finds its processing list on the
+batches to its own processing list (LMOVE, the reliable-queue pattern), applies them in one
+transaction, then drops them. The drainer polls rather than blocks (BLMOVE): the client's
+socket timeout is short (shared/redis_breaker.py) so that a hung Redis costs a recall
+little, and a blocking wait longer than it would read as a failure. A replica that died mid-batch finds its processing list on the
 next start and replays it (event rows are upserts by id). Without Redis the effect is applied
 by a task on this process right after the response.
 """
@@ -64,13 +66,17 @@ class SideEffects:
                 await events_repo.apply_recall_effects(conn, effects)
 
     async def drain_once(self, wait: float = 1.0) -> int:
-        """Move one batch to this replica's processing list, apply it, drop it."""
+        """Move one batch to this replica's processing list, apply it, drop it; with the
+        queue empty, wait `wait` seconds and return 0."""
         assert self._redis is not None
         async with self._lock:
-            return await self._drain_locked(wait)
+            drained = await self._drain_locked()
+        if not drained:
+            await asyncio.sleep(wait)
+        return drained
 
-    async def _drain_locked(self, wait: float) -> int:
-        first = await self._redis.blmove(QUEUE, self._processing, wait, "RIGHT", "LEFT")
+    async def _drain_locked(self) -> int:
+        first = await self._redis.lmove(QUEUE, self._processing, "RIGHT", "LEFT")
         if first is None:
             return 0
         pipe = self._redis.pipeline(transaction=False)
@@ -99,13 +105,17 @@ class SideEffects:
         return len(raw)
 
     async def flush(self) -> None:
-        """Apply everything queued now (tool_feedback and tests call this; also on shutdown)."""
+        """Apply everything queued now (tool_feedback and tests call this; also on shutdown).
+        Best effort: with Redis away the queue waits for the drainer, and the caller goes on."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._redis is None:
-            if self._tasks:
-                await asyncio.gather(*self._tasks, return_exceptions=True)
             return
-        while await self.drain_once(wait=0.01):
-            pass
+        try:
+            while await self.drain_once(wait=0):
+                pass
+        except RedisError:
+            logger.warning("recall effects queue unavailable; queued effects land when it is back")
 
     async def run(self) -> None:
         """The drainer loop of this replica; replays its own unfinished batch first."""
