@@ -34,7 +34,7 @@ from starlette.routing import Route
 from services.gateway.auth import OAUTH_TOKEN_PREFIX as TOKEN_PREFIX
 from services.gateway.auth import Authenticator, bearer_token
 from services.gateway.limits import RateLimiter
-from services.gateway.oauth_consent import CSRF_COOKIE, CSRF_FIELD, KEY_FIELD, ConsentCsrf, ConsentRefused, consent_page, consenting_key
+from services.gateway.oauth_consent import CSRF_FIELD, KEY_FIELD, ConsentCsrf, ConsentRefused, consent_page, consenting_key, cookie_name
 from shared.repositories import oauth as oauth_repo
 from shared.settings import GatewaySettings
 
@@ -46,13 +46,13 @@ MAX_CLIENT_NAME_CHARS = 200
 MAX_REDIRECT_URIS = 10
 MAX_REDIRECT_URI_CHARS = 2000
 MAX_METADATA_CHARS = 4000
-# RFC 7591 §2 client metadata kept beside the name and redirect URIs; anything else is ignored
-# (the RFC lets a server ignore what it does not understand).
 MAX_RESOURCE_CHARS = 2000
 # Postgres text cannot hold NUL (a 500 where a 400 belongs), and no OAuth value needs a control character.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # RFC 7636 §4.2: an S256 challenge is BASE64URL(SHA-256(verifier)) without padding, 43 characters.
 _S256_CHALLENGE = re.compile(r"[A-Za-z0-9_-]{43}")
+# RFC 7591 §2 client metadata kept beside the name and redirect URIs; anything else is ignored
+# (the RFC lets a server ignore what it does not understand).
 KEPT_METADATA = (
     "grant_types", "response_types", "token_endpoint_auth_method", "scope", "client_uri", "logo_uri",
     "contacts", "tos_uri", "policy_uri", "software_id", "software_version",
@@ -343,7 +343,7 @@ async def authorize_decision(request: Request) -> Response:
     if throttled:
         return again(f"Too many wrong keys from this address; try again in {retry} s.", 429, {"Retry-After": str(retry)})
     try:
-        service.csrf.check(str(form.get(CSRF_FIELD) or ""), request.cookies.get(CSRF_COOKIE), params)
+        service.csrf.check(str(form.get(CSRF_FIELD) or ""), request.cookies.get(cookie_name(request)), params)
         authenticator: Authenticator = request.app.state.authenticator
         key_id = await consenting_key(authenticator, str(form.get(KEY_FIELD) or ""), client.key_id)
     except ConsentRefused as refused:

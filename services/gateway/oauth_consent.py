@@ -39,6 +39,8 @@ from services.gateway.auth import OAUTH_TOKEN_PREFIX, Authenticator
 
 CSRF_FIELD = "csrf_token"
 KEY_FIELD = "access_key"
+# Over HTTPS the cookie takes the `__Host-` prefix: Secure, Path=/, no Domain, so a sibling
+# subdomain cannot plant a nonce of its choosing (cookie tossing).
 CSRF_COOKIE = "engram_consent"
 # A person reads the page and fetches the key; ten minutes is plenty, and bounds a leaked form.
 CSRF_TTL_SECONDS = 600
@@ -89,9 +91,17 @@ class ConsentCsrf:
         return hmac.new(self._secret, message.encode(), hashlib.sha256).hexdigest()
 
 
+def _https(request: Request) -> bool:
+    return request.url.scheme == "https" or request.headers.get("x-forwarded-proto") == "https"
+
+
+def cookie_name(request: Request) -> str:
+    return f"__Host-{CSRF_COOKIE}" if _https(request) else CSRF_COOKIE
+
+
 def browser_nonce(request: Request) -> str:
     """This browser's consent nonce: the one its cookie holds (two consent tabs keep working), else new."""
-    existing = request.cookies.get(CSRF_COOKIE)
+    existing = request.cookies.get(cookie_name(request))
     return existing if existing and _NONCE.fullmatch(existing) else secrets.token_urlsafe(24)
 
 
@@ -136,8 +146,9 @@ def consent_page(
         "Cache-Control": "no-store", "X-Frame-Options": "DENY", "Referrer-Policy": "no-referrer",
         "Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'", **(headers or {}),
     })
-    https = request.url.scheme == "https" or request.headers.get("x-forwarded-proto") == "https"
+    https = _https(request)
     response.set_cookie(
-        CSRF_COOKIE, nonce, max_age=CSRF_TTL_SECONDS, path="/authorize", httponly=True, samesite="strict", secure=https,
+        cookie_name(request), nonce, max_age=CSRF_TTL_SECONDS, path="/" if https else "/authorize",
+        httponly=True, samesite="strict", secure=https,
     )
     return response

@@ -107,6 +107,18 @@ async def test_a_key_bound_client_needs_its_own_key_at_consent(stack: Stack) -> 
     assert {f.get("key_id") for f in found["fragments"]} == {key_a}, found
 
 
+async def test_the_consent_cookie_stays_on_this_site(stack: Stack) -> None:
+    async with httpx.AsyncClient() as http:
+        client_id = (await register(http, stack)).json()["client_id"]
+        _, challenge = pkce()
+        url, params = f"{stack.gateway_url}/authorize", auth_params(client_id, challenge)
+        plain = (await http.get(url, params=params)).headers["set-cookie"].lower()
+        assert plain.startswith("engram_consent=") and "httponly" in plain and "samesite=strict" in plain
+        behind_tls = (await http.get(url, params=params, headers={"X-Forwarded-Proto": "https"})).headers["set-cookie"].lower()
+        assert behind_tls.startswith("__host-engram_consent=") and "secure" in behind_tls and "path=/;" in behind_tls
+        assert "domain=" not in behind_tls and "samesite=strict" in behind_tls
+
+
 async def test_an_access_token_cannot_consent_or_bind(stack: Stack) -> None:
     raw, _ = await create_api_key(stack.database_url)
     async with httpx.AsyncClient() as http:
