@@ -37,8 +37,9 @@ validate-deploy: $(STAMP) deploy-tools
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all
 
+# `make eval DATA=path/to/locomo10.json` (default: ../shared/eval/locomo-dev.json when there); EVAL_ARGS go to bench.eval_locomo.
 eval: $(STAMP)
-	$(BIN)/python -m bench.eval_locomo
+	$(BIN)/python -m bench.eval_locomo $(if $(DATA),--data $(DATA)) $(EVAL_ARGS)
 
 clean:
 	rm -rf $(VENV) .data

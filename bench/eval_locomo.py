@@ -1,34 +1,145 @@
-"""`make eval`: the team's LoCoMo retrieval eval against a private stack.
+"""`make eval`: the LoCoMo retrieval eval, over MCP, against a private stack (or --url/--key).
 
-Runs ../shared/eval/locomo_eval.py (relative to the repo root) as a subprocess, as any
-client would; nothing is imported from ../shared. Extra arguments go to the eval, e.g.
-`python -m bench.eval_locomo --conversations conv-26`.
+For each conversation every dialog turn is stored with batch_remember (one `episode`
+fragment per turn, one workspace per conversation, the workspace as topic), then every
+question is asked verbatim with recall(text=question, workspace, pageSize=10) and the
+returned fragment ids are scored against the question's evidence turns (bench.locomo: the
+team eval's protocol and scoring). No LLM is involved: this measures retrieval alone.
+
+  python -m bench.eval_locomo [--data locomo10.json] [--conversations conv-26,conv-30]
+                              [--unanswerable bench/data/unanswerable.json]
+
+--data takes the published locomo10.json format; it defaults to the team's dev file
+(../shared/eval/locomo-dev.json) when that is there. --unanswerable also asks, in every
+conversation's workspace, questions about things never stored there and counts the replies
+that say so (_meta.hints no_results). The last line printed is the headline:
+  recall@10 <value> (cat 1-4, n=<questions>, conversations=<k>)
 """
 
 from __future__ import annotations
 
 import argparse
-import subprocess
+import asyncio
+import json
 import sys
+import time
+import uuid
 from pathlib import Path
+from typing import Any
 
-from bench.harness import add_target_arguments, target_from
+from mcp import ClientSession
+
+from bench import locomo
+from bench.harness import Target, add_target_arguments, call, mcp_session, percentile, target_from
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-EVAL_SCRIPT = REPO_ROOT.parent / "shared" / "eval" / "locomo_eval.py"
+DEV_DATA = REPO_ROOT.parent / "shared" / "eval" / "locomo-dev.json"
+# The team eval stores 200 turns per batch_remember call.
+BATCH = 200
+
+
+def fragment_ids(reply: dict[str, Any]) -> list[str]:
+    items = reply.get("fragments")
+    if items is None:
+        items = reply.get("results", [])
+    return [str(f["id"]) for f in items if isinstance(f, dict) and "id" in f]
+
+
+def said_not_found(reply: dict[str, Any]) -> bool:
+    return any(h.get("signal") == "no_results" for h in (reply.get("_meta") or {}).get("hints", []))
+
+
+async def ingest(session: ClientSession, workspace: str, turns: list[locomo.Turn]) -> dict[str, str]:
+    """Fragment id -> dia_id of the stored turns."""
+    id_to_dia: dict[str, str] = {}
+    for start in range(0, len(turns), BATCH):
+        chunk = turns[start:start + BATCH]
+        reply = await call(session, "batch_remember", {
+            "workspace": workspace,
+            "fragments": [{"content": t.content, "topic": workspace, "type": "episode"} for t in chunk],
+        })
+        results = reply.get("results", [])
+        if len(results) != len(chunk):
+            raise SystemExit(f"batch_remember returned {len(results)} results for {len(chunk)}")
+        for turn, res in zip(chunk, results, strict=True):
+            if not res.get("success", "id" in res):
+                raise SystemExit(f"batch_remember refused {turn.dia_id}: {res}")
+            id_to_dia[str(res["id"])] = turn.dia_id
+    return id_to_dia
+
+
+async def run(target: Target, args: argparse.Namespace, data: list[dict[str, Any]], unanswerable: list[str]) -> int:
+    run_id = uuid.uuid4().hex[:8]
+    rows: list[tuple[int, dict[str, float]]] = []
+    latencies: list[float] = []
+    not_found = asked = 0
+    ingest_turns, ingest_s = 0, 0.0
+    async with mcp_session(target) as session:
+        for sample in data:
+            workspace = f"locomo-{run_id}-{sample['sample_id']}"
+            turns = locomo.turns_of(sample)
+            started = time.perf_counter()
+            id_to_dia = await ingest(session, workspace, turns)
+            ingest_s += time.perf_counter() - started
+            ingest_turns += len(turns)
+            await asyncio.sleep(args.settle)
+
+            def recall_args(text: str, ws: str = workspace) -> dict[str, Any]:
+                return {"text": text, "workspace": ws, "pageSize": args.k, "tokenBudget": args.token_budget,
+                        "fields": ["id", "content"]}
+
+            for q in locomo.questions_of(sample, {t.dia_id for t in turns}):
+                started = time.perf_counter()
+                reply = await call(session, "recall", recall_args(q.text))
+                latencies.append(time.perf_counter() - started)
+                ranked = [id_to_dia.get(i, f"?{i}") for i in fragment_ids(reply)]
+                rows.append((q.category, locomo.score(ranked, q.evidence)))
+                if args.verbose:
+                    print(f"Q\t{q.category}\t{rows[-1][1]['recall@10']:.2f}\t{reply.get('searchPath')}\t{q.text}")
+            for text in unanswerable:
+                asked += 1
+                reply = await call(session, "recall", recall_args(text))
+                not_found += said_not_found(reply)
+                if args.verbose:
+                    print(f"U\t-\t{int(said_not_found(reply))}\t{reply.get('searchPath')}\t{text}")
+            if args.cleanup:
+                await call(session, "forget", {"topic": workspace, "force": True})
+
+    for line in locomo.report(rows):
+        print(line)
+    lat_ms = [s * 1000 for s in latencies]
+    print(f"recall latency ms: p50 {percentile(lat_ms, 50):.1f}  p95 {percentile(lat_ms, 95):.1f}  "
+          f"p99 {percentile(lat_ms, 99):.1f}  (n={len(lat_ms)})")
+    print(f"ingest: {ingest_turns} turns in {ingest_s:.1f} s ({ingest_turns / max(ingest_s, 1e-9):.0f} turns/s)")
+    if asked:
+        print(f"never-stored questions answered no_results: {not_found}/{asked} ({not_found / asked:.1%})")
+    main_rows = [r for cat, r in rows if cat != locomo.ADVERSARIAL]
+    print(f"recall@10 {locomo.headline(rows):.3f} (cat 1-4, n={len(main_rows)}, conversations={len(data)})")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_target_arguments(parser)
-    args, passthrough = parser.parse_known_args(argv)
-    if not EVAL_SCRIPT.is_file():
-        print(f"eval script not found at {EVAL_SCRIPT}", file=sys.stderr)
-        return 2
+    parser.add_argument("--data", default=str(DEV_DATA) if DEV_DATA.is_file() else None,
+                        help=f"LoCoMo samples in the published locomo10.json format (default {DEV_DATA} when present)")
+    parser.add_argument("--conversations", help="comma-separated sample ids (default: all in --data)")
+    parser.add_argument("--k", type=int, default=10, help="pageSize asked of recall")
+    parser.add_argument("--token-budget", type=int, default=20000)
+    parser.add_argument("--settle", type=float, default=0.0, help="seconds to wait after ingest")
+    parser.add_argument("--no-cleanup", dest="cleanup", action="store_false", help="keep each conversation's fragments")
+    parser.add_argument("--unanswerable", help="JSON {\"questions\": [...]} asked in every conversation's workspace")
+    parser.add_argument("--verbose", action="store_true",
+                        help="print each question's score (for never-stored ones: no_results) and searchPath, tab-separated")
+    args = parser.parse_args(argv)
+    if not args.data:
+        parser.error(f"--data is required ({DEV_DATA} is not there)")
+    if not Path(args.data).is_file():
+        parser.error(f"no such file: {args.data}")
+    data = locomo.load(Path(args.data), args.conversations)
+    unanswerable = json.loads(Path(args.unanswerable).read_text())["questions"] if args.unanswerable else []
     with target_from(args) as target:
-        argv_eval = [sys.executable, str(EVAL_SCRIPT), "--url", target.mcp_url, "--key", target.key, "--cleanup", *passthrough]
-        # Output streams straight through; the eval's last line is its headline.
-        return subprocess.run(argv_eval, check=False).returncode
+        return asyncio.run(run(target, args, data, unanswerable))
 
 
 if __name__ == "__main__":
