@@ -73,11 +73,13 @@ async def use_code(conn: asyncpg.Connection, code: str) -> bool:
 
 
 async def create_token(
-    conn: asyncpg.Connection, *, token: str, code: str, client_id: str, key_id: str | None, scopes: list[str], expires_at: datetime
+    conn: asyncpg.Connection, *, token: str, client_id: str, key_id: str | None, scopes: list[str], expires_at: datetime,
+    code: str | None = None,
 ) -> None:
+    """`code`: the authorization code the token was issued from (a replay of it revokes the token)."""
     await conn.execute(
         "INSERT INTO oauth_tokens (token_hash, code_hash, client_id, key_id, scopes, expires_at) VALUES ($1, $2, $3, $4, $5, $6)",
-        digest(token), digest(code), client_id, key_id, scopes, expires_at,
+        digest(token), digest(code) if code is not None else None, client_id, key_id, scopes, expires_at,
     )
 
 
