@@ -30,7 +30,11 @@ def _redis_db(url: str, db: int) -> str:
     return f"{base}/{db}"
 
 
-def start_gateway(stack: Stack, name: str, redis_db: int, env: dict[str, str]) -> tuple[ServiceProcess, Gateway]:
+def start_gateway(
+    stack: Stack, name: str, redis_db: int, env: dict[str, str], *, require_healthy: bool = True
+) -> tuple[ServiceProcess, Gateway]:
+    """require_healthy=False: wait for /health to answer at all (a gateway given a dead recall
+    or ingest answers 503 by design)."""
     port = free_port()
     proc = stack._uvicorn(  # noqa: SLF001 - the same launcher the stack uses
         name, "services.gateway.app", port,
@@ -49,7 +53,8 @@ def start_gateway(stack: Stack, name: str, redis_db: int, env: dict[str, str]) -
         if not proc.alive():
             raise RuntimeError(f"{name} exited; see {proc.log_path}")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+            status = httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code
+            if status == 200 or not require_healthy:
                 break
         except httpx.HTTPError:
             pass

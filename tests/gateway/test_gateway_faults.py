@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -17,8 +16,8 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import pytest
 
-from services.stack.supervisor import ServiceProcess, Stack, free_port
-from tests.gateway.conftest import Gateway
+from services.stack.supervisor import Stack, free_port
+from tests.gateway.conftest import Gateway, start_gateway
 from tests.gateway.wire import RawMcp, rpc_body
 from tests.support import create_api_key, unique
 
@@ -70,30 +69,6 @@ class TcpRelay:
                 end.close()
 
 
-def launch(stack: Stack, name: str, redis_db: int, env: dict[str, str]) -> tuple[ServiceProcess, Gateway]:
-    """A gateway process on the stack's Redis (a database of its own), answering /health with
-    any status (start_gateway waits for a 200, which a gateway with a dead service never gives)."""
-    port = free_port()
-    base, _, _ = stack.redis_url.rpartition("/")
-    proc = stack._uvicorn(  # noqa: SLF001 - the launcher the stack and conftest use
-        name, "services.gateway.app", port,
-        {"MEMENTO_ACCESS_KEY": stack.master_key, "REDIS_URL": f"{base}/{redis_db}", **env},
-    )
-    proc.start()
-    deadline = time.monotonic() + 60
-    while True:
-        if not proc.alive():
-            raise RuntimeError(f"{name} exited; see {proc.log_path}")
-        with contextlib.suppress(httpx.HTTPError):
-            httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
-            break
-        if time.monotonic() > deadline:
-            proc.stop()
-            raise RuntimeError(f"{name} never answered /health")
-        time.sleep(0.2)
-    return proc, Gateway(f"http://127.0.0.1:{port}", proc.log_path, stack.master_key)
-
-
 @pytest.fixture
 def relay(stack: Stack) -> Iterator[TcpRelay]:
     url = urlsplit(stack.database_url)
@@ -109,7 +84,7 @@ def relayed_gateway(stack: Stack, relay: TcpRelay) -> Iterator[Gateway]:
     netloc = url.netloc.rsplit("@", 1)
     host = f"127.0.0.1:{relay.port}"
     relayed = urlunsplit(url._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2 else host))
-    proc, gateway = launch(stack, "gateway-pg-relay", 5, {"DATABASE_URL": relayed})
+    proc, gateway = start_gateway(stack, "gateway-pg-relay", 7, {"DATABASE_URL": relayed})
     yield gateway
     proc.stop()
 
@@ -125,9 +100,10 @@ def black_hole() -> Iterator[str]:
 @pytest.fixture
 def orphan_gateway(stack: Stack, black_hole: str) -> Iterator[Gateway]:
     """A gateway whose recall hangs (accepts, never answers) and whose ingest refuses connections."""
-    proc, gateway = launch(
-        stack, "gateway-orphan", 6,
+    proc, gateway = start_gateway(
+        stack, "gateway-orphan", 8,
         {"RECALL_URL": black_hole, "INGEST_URL": f"http://127.0.0.1:{free_port()}", "UPSTREAM_TIMEOUT": "PT2S"},
+        require_healthy=False,
     )
     yield gateway
     proc.stop()

@@ -160,7 +160,9 @@ async def test_an_upstream_reply_that_is_not_json_is_a_clear_error(stack: Stack)
     broken = ThreadingHTTPServer(("127.0.0.1", free_port()), _Broken)
     thread = threading.Thread(target=broken.serve_forever, daemon=True)
     thread.start()
-    proc, gateway = start_gateway(stack, "gateway-broken-recall", 5, {"RECALL_URL": f"http://127.0.0.1:{broken.server_port}"})
+    proc, gateway = start_gateway(
+        stack, "gateway-broken-recall", 5, {"RECALL_URL": f"http://127.0.0.1:{broken.server_port}"}, require_healthy=False
+    )
     try:
         async with mcp_session(gateway.mcp_url, stack.master_key) as s:
             with pytest.raises(MCPError) as failed:
