@@ -133,7 +133,9 @@ class GatewayEdge:
         request presents another credential."""
         if token is not None and principal is None:
             if session.token_digest is None or session.token_digest != token_digest(token):
-                return None  # an unknown credential: the plain 401 further in
+                # An unknown credential: /mcp refuses it further in (401 with the resource
+                # metadata); /message would otherwise serve it as the session's.
+                return _jsonrpc_error(401, "Unauthorized") if session.transport == "sse" else None
             current = None  # the session's own credential no longer authenticates
         elif principal is not None:
             if principal.key_id != session.principal.key_id:

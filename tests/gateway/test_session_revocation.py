@@ -200,6 +200,13 @@ async def test_legacy_sse_posts_of_a_deactivated_key_are_refused(stack: Stack) -
             await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers)
             kept = unique("kept")
             assert "result" in await answered("tools/call", remember(kept, ws))
+            # The stream's session answers no other credential on its posts.
+            other, _ = await new_key(http, stack)
+            foreign = unique("foreign")
+            intruder = await post(http, url, {**headers, "Authorization": f"Bearer {other}"}, "tools/call", remember(foreign, ws))
+            assert "another credential" in refusal(intruder, 403)
+            garbage = await post(http, url, {**headers, "Authorization": "Bearer not-a-key"}, "tools/call", remember(foreign, ws))
+            assert refusal(garbage, 401) == "Unauthorized"
 
             await admin(http, stack, "PUT", f"/keys/{key_id}", {"status": "inactive"})
 
@@ -212,6 +219,7 @@ async def test_legacy_sse_posts_of_a_deactivated_key_are_refused(stack: Stack) -
             assert (await post(http, url, headers, "tools/call", remember(late, ws))).status_code == 404
     assert await stored(stack, kept) == 1
     assert await stored(stack, late) == 0
+    assert await stored(stack, foreign) == 0
 
 
 async def test_bearer_on_every_request_is_refused_once_its_key_is_inactive(stack: Stack) -> None:
