@@ -6,7 +6,6 @@ import argparse
 import logging
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -50,15 +49,13 @@ def run() -> int:
             f"  Health:      {stack.gateway_url}/health\n"
             f"  Master key:  {stack.master_key}\n"
             f"  Logs:        {stack.log_dir}\n"
+            f"  Restarts:    {stack.supervisor_log} (a process that dies is started again, with backoff)\n"
             "Ctrl-C stops everything.\n",
             flush=True,
         )
+        # The stack's watchdogs restart whatever dies; this thread only waits for Ctrl-C.
         while True:
-            for proc in stack.processes.values():
-                if not proc.alive():
-                    print(f"{proc.name} exited; see {proc.log_path}", file=sys.stderr)
-                    return 1
-            time.sleep(1)
+            time.sleep(3600)
     except KeyboardInterrupt:
         print("\nstopping...", flush=True)
         return 0

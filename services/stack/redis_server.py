@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import redis
+
+from services.stack.restart import describe_exit, kill_group
 
 
 def redis_server_binary() -> Path:
@@ -19,7 +22,11 @@ class LocalRedis:
     def __init__(self, data_dir: Path, port: int) -> None:
         self.data_dir = data_dir.resolve()
         self.port = port
+        self.name = "redis"
         self._process: subprocess.Popen[bytes] | None = None
+        # False once stopped on purpose: the stack's watchdog restarts only what died by itself.
+        self.wanted = False
+        self._lock = threading.Lock()
 
     @property
     def url(self) -> str:
@@ -27,7 +34,21 @@ class LocalRedis:
 
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            self._spawn()
+        deadline = time.monotonic() + 20
+        while not self.ready():
+            if not self.alive():
+                raise RuntimeError(f"redis-server {describe_exit(self.returncode)}; see redis.log")
+            if time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not answer within 20 s")
+            time.sleep(0.1)
+
+    def _spawn(self) -> None:
+        self.wanted = True
         log = open(self.data_dir / "redis.log", "ab")  # noqa: SIM115 - owned by the child
+        # appendonly: what was acknowledged before a kill -9 (broker messages, sessions) is
+        # read back by the next start.
         self._process = subprocess.Popen(
             [
                 str(redis_server_binary()), "--bind", "127.0.0.1", "--port", str(self.port),
@@ -36,23 +57,44 @@ class LocalRedis:
             ],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
-        client = redis.Redis.from_url(self.url)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                if self._process.poll() is not None:
-                    raise RuntimeError("redis-server exited; see redis.log") from None
-                time.sleep(0.1)
-        raise RuntimeError("redis-server did not answer within 20 s")
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.poll() if self._process else None
+
+    def alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def ready(self) -> bool:
+        client = redis.Redis.from_url(self.url, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+
+    def respawn(self) -> bool:
+        with self._lock:
+            if not self.wanted or self.alive():
+                return False
+            if self._process is not None:
+                kill_group(self._process.pid)  # a background save or AOF rewrite child
+            self._spawn()
+        return True
 
     def stop(self) -> None:
+        with self._lock:
+            self.wanted = False
         if self._process and self._process.poll() is None:
             self._process.terminate()
             try:
                 self._process.wait(10)
             except subprocess.TimeoutExpired:
                 self._process.kill()
+                self._process.wait(5)
         self._process = None

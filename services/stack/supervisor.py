@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -9,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +19,7 @@ import httpx
 
 from services.stack.postgres import EmbeddedPostgres
 from services.stack.redis_server import LocalRedis
+from services.stack.restart import Backoff, Supervised, Watchdog, kill_group
 
 logger = logging.getLogger("engram.stack")
 # The ONNX export of the embedding model, shared by every stack this checkout starts (make
@@ -61,6 +64,10 @@ class StackConfig:
     beat: bool = True
     extra_env: dict[str, str] = field(default_factory=dict)
     log_dir: Path | None = None
+    # Restart whatever dies by itself (services, worker, beat, and the Redis and Postgres the
+    # stack started), with backoff; off, a dead process stays dead until someone starts it.
+    restart: bool = True
+    backoff: Backoff = field(default_factory=Backoff)
 
 
 @dataclass
@@ -71,27 +78,63 @@ class ServiceProcess:
     log_path: Path
     health_url: str | None = None
     process: subprocess.Popen[bytes] | None = None
+    # False once stop() was called: the stack's watchdog restarts only what died by itself.
+    wanted: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def start(self) -> None:
+        with self._lock:
+            self.wanted = True
+            if not self.alive():  # the watchdog may have restarted it already
+                self._spawn()
+
+    def _spawn(self) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
         # Own process group, so stopping it stops whatever it forked (Celery's pool).
         self.process = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.poll() if self.process else None
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
     def signal(self, sig: int) -> None:
-        if self.alive():
-            assert self.process is not None
-            try:
+        if self.process is not None and self.alive():
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                pass
+
+    def respawn(self) -> bool:
+        with self._lock:
+            if not self.wanted or self.alive():
+                return False
+            if self.process is not None:
+                # A killed Celery worker leaves its pool processes behind; as systemd's
+                # KillMode=control-group does, nothing of the old group survives a restart.
+                kill_group(self.process.pid)
+            self._spawn()
+        return True
+
+    def ready(self) -> bool:
+        if self.health_url is None:
+            return self.alive()
+        try:
+            # Any answer means it serves; /health may say 503 while a dependency is down.
+            httpx.get(self.health_url, timeout=2)
+        except httpx.HTTPError:
+            return False
+        return True
 
     def stop(self, timeout: float = 15) -> None:
-        if not self.alive():
+        with self._lock:
+            self.wanted = False
+        if self.process is None or not self.alive():
             return
-        assert self.process is not None
         self.signal(signal.SIGTERM)
         try:
             self.process.wait(timeout)
@@ -112,6 +155,11 @@ class Stack:
         self.service_token = secrets.token_urlsafe(24)
         self.database_url = config.database_url or ""
         self.redis_url = config.redis_url or ""
+        self.watchdogs: list[Watchdog] = []
+        # What died, how, and when it served again: supervisor.log beside the services' logs.
+        self.supervisor_log = self.log_dir / "supervisor.log"
+        self._events = logging.getLogger(f"engram.stack.{config.gateway_port}")
+        self._events_handler: logging.Handler | None = None
 
     # -- infrastructure -------------------------------------------------------------
     def start_infrastructure(self) -> None:
@@ -261,6 +309,46 @@ class Stack:
     def start(self) -> None:
         self.start_infrastructure()
         self.start_services()
+        if self.config.restart:
+            self.supervise()
+
+    def supervised(self) -> list[Supervised]:
+        """Everything this stack started and would restart: the data stores it runs itself
+        (not a DATABASE_URL / REDIS_URL given to it) and every service process."""
+        units: list[Supervised] = [unit for unit in (self.postgres, self.redis) if unit is not None]
+        return units + list(self.processes.values())
+
+    def pids(self) -> dict[str, int]:
+        """The pid of each supervised process by name (postgres: the postmaster)."""
+        return {unit.name: unit.pid for unit in self.supervised() if unit.pid is not None and unit.alive()}
+
+    def supervise(self) -> None:
+        """One watchdog thread per process; each restarts its process when it dies."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(self.supervisor_log)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        self._events.addHandler(handler)
+        # INFO: "is back" lines are the point of this log, whatever the root level is.
+        self._events.setLevel(logging.INFO)
+        self._events_handler = handler
+        self._events.info("supervising %s", ", ".join(unit.name for unit in self.supervised()))
+        self.watchdogs = [Watchdog(unit, self.config.backoff, self._events) for unit in self.supervised()]
+        for watchdog in self.watchdogs:
+            watchdog.start()
+
+    def _stop_supervising(self) -> None:
+        # Before anything is stopped: nothing may be restarted during shutdown. A watchdog
+        # only spawns (it never waits for a process while holding its lock), so this is quick.
+        for watchdog in self.watchdogs:
+            watchdog.stop()
+        for watchdog in self.watchdogs:
+            watchdog.join()
+        self.watchdogs = []
+        if self._events_handler is not None:
+            self._events.info("stopping")
+            self._events.removeHandler(self._events_handler)
+            self._events_handler.close()
+            self._events_handler = None
 
     def __enter__(self) -> Stack:
         """`with Stack(config) as stack:` starts it and stops everything it started, also when
@@ -276,6 +364,7 @@ class Stack:
         self.stop()
 
     def stop(self) -> None:
+        self._stop_supervising()
         for proc in reversed(list(self.processes.values())):
             proc.stop()
         self.processes.clear()

@@ -44,7 +44,8 @@ def _items(n: int, marker: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def flagged(stack: Stack, stack_dir: Path) -> Iterator[Stack]:
-    config = new_stack_config(stack_dir / "ingest-flags", database_url=stack.database_url)
+    # restart=False: the kill test holds the worker down to show nobody consumes, then starts it.
+    config = new_stack_config(stack_dir / "ingest-flags", database_url=stack.database_url, restart=False)
     config.extra_env = {**config.extra_env, **FLAGS}
     with Stack(config) as own:
         yield own
