@@ -118,6 +118,10 @@ class OutboxRelay:
                 logger.warning("job outbox relay: the database is unavailable; retrying", exc_info=True)
                 await asyncio.sleep(self._poll)
                 continue
+            except Exception:  # the relay task's top level: a bug must not end relaying for the process's life
+                logger.exception("job outbox relay failed; retrying")
+                await asyncio.sleep(self._poll)
+                continue
             if batch.refused:
                 self.failures += 1
                 self._retry_at = time.monotonic() + min(self._backoff_max, FIRST_BACKOFF_S * 2 ** (self.failures - 1))

@@ -36,6 +36,8 @@ BATCH = 200
 # few at a time: one transaction (and one UPDATE of each fragment returned again) per
 # interval, not per query. Each effect still lands within about this much of its recall.
 COALESCE_S = 0.25
+# The longest pause between two tries of the drainer while Redis or Postgres is away.
+RETRY_MAX_S = 10.0
 
 
 class SideEffects:
@@ -121,6 +123,7 @@ class SideEffects:
         """The drainer loop of this replica; replays its own unfinished batch first."""
         if self._redis is None:
             return
+        failures = 0
         while not self._stopping.is_set():
             try:
                 async with self._lock:
@@ -132,9 +135,14 @@ class SideEffects:
                     beats += 1
                     if 0 < await self.drain_once(wait=0.25) < BATCH:
                         await asyncio.sleep(COALESCE_S)
+                    failures = 0
             except (RedisError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-                logger.exception("recall effects drainer failed; retrying")
-                await asyncio.sleep(1.0)
+                # One trace per outage, then quiet retries further apart (effects submitted
+                # meanwhile are applied in process, so nothing piles up in Redis).
+                failures += 1
+                if failures == 1:
+                    logger.exception("recall effects drainer failed; retrying")
+                await asyncio.sleep(min(RETRY_MAX_S, float(failures)))
 
     async def _heartbeat_and_adopt(self) -> None:
         await self._redis.set(ALIVE.format(replica=self._replica), "1", ex=HEARTBEAT_TTL_S)

@@ -1,9 +1,9 @@
 """Redis trouble on the write path, on a stack of its own (its own Postgres too: the job
 outbox of a shared database would be drained by the session stack's healthy relay).
 
-The stack reaches Redis through a switch in this process: a TCP proxy that forwards to a
-real redis-server, or, hung, accepts connections and answers nothing (what makes connect
-and read timeouts bite, unlike a refused port). While it hangs every write must still be
+The stack reaches Redis through a switch in this process (services/stack/redis_switch.py):
+a TCP proxy that forwards to a real redis-server, or, hung, accepts connections and answers
+nothing (what makes connect and read timeouts bite, unlike a refused port). While it hangs every write must still be
 reported as stored, be stored once, and keep its background jobs; when Redis answers again
 the jobs reach the worker. Timings are printed, never asserted.
 """
@@ -11,7 +11,6 @@ the jobs reach the worker. Timings are printed, never asserted.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -20,83 +19,13 @@ from typing import Any
 import pytest
 
 from services.stack.redis_server import LocalRedis
+from services.stack.redis_switch import RedisSwitch
 from services.stack.supervisor import free_port
 from shared.domain.principal import Principal
 from tests.ingest.helpers import db, ingest_call
 from tests.support import Stack, new_stack_config, running, unique
 
 MASTER = Principal.master().to_wire()
-
-
-class RedisSwitch:
-    """Forwards to a Redis, or hangs: new connections are accepted and left silent, and
-    open ones stop forwarding (a Redis that stopped answering). Back up, every connection
-    is closed, so clients reconnect to the real server."""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.hung = False
-        self.port = 0
-        self._loop = asyncio.new_event_loop()
-        self._writers: set[asyncio.StreamWriter] = set()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self._thread.start()
-        self._ready.wait(10)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        server = self._loop.run_until_complete(asyncio.start_server(self._accept, "127.0.0.1", 0))
-        self.port = server.sockets[0].getsockname()[1]
-        self._ready.set()
-        self._loop.run_forever()
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._writers.add(writer)
-        try:
-            if self.hung:
-                while await reader.read(65536):
-                    pass
-                return
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-            self._writers.add(up_writer)
-            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
-        except OSError:
-            pass
-        finally:
-            writer.close()
-
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while data := await reader.read(65536):
-                if not self.hung:  # hung: swallowed, as a server that stopped would
-                    writer.write(data)
-                    await writer.drain()
-        except OSError:
-            pass
-        finally:
-            writer.close()
-
-    def hang(self) -> None:
-        self.hung = True
-
-    def recover(self) -> None:
-        def close_all() -> None:
-            self.hung = False
-            for writer in list(self._writers):
-                writer.close()
-            self._writers.clear()
-
-        self._loop.call_soon_threadsafe(close_all)
-
-    def stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +74,7 @@ async def test_writes_while_redis_hangs_are_stored_once_and_their_jobs_run_after
                                         "type": "fact", "workspace": ws}, timings)
     up = timings.pop()
 
-    redis_switch.hang()
+    redis_switch.set("hung")
     contents = [f"Rack {i} of the hung-Redis drill hosts {i + 2} storage nodes." for i in range(6)]
     remembered: list[str] = []
     for i, content in enumerate(contents):
@@ -196,7 +125,7 @@ async def test_writes_while_redis_hangs_are_stored_once_and_their_jobs_run_after
         assert waiting == 1
         assert await conn.fetchval("SELECT status FROM maintenance_runs WHERE id = $1", run_id) == "queued"
 
-        redis_switch.recover()
+        redis_switch.set("up")
         recovered = time.monotonic()
 
         async def run_finished() -> str | None:
