@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from cachetools import TTLCache
+from prometheus_client import Counter
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -32,6 +33,13 @@ USAGE_CACHE_SIZE = 10_000
 TOKEN_SCOPE_KEY = "engram.token"  # noqa: S105 - a scope key name, not a secret
 # Not a seed code: the JSON-RPC server-error range, as transports.unauthorized() uses for 401.
 UNAUTHORIZED = -32001
+
+SESSIONS_REVOKED = Counter(
+    "mcp_session_key_revoked_total", "MCP sessions ended because their key was set inactive or deleted", ["state"]
+)
+SESSION_FOREIGN_CREDENTIAL = Counter(
+    "mcp_session_foreign_credential_total", "Requests refused for presenting another credential than their session's"
+)
 
 
 class _TooLarge(Exception):
@@ -140,6 +148,7 @@ class GatewayEdge:
         elif principal is not None:
             if principal.key_id != session.principal.key_id:
                 logger.warning("request for session of key %s presented key %s; refused", session.principal.key_id, principal.key_id)
+                SESSION_FOREIGN_CREDENTIAL.inc()
                 return _jsonrpc_error(403, "Forbidden: this session belongs to another credential")
             current = principal  # authenticated just now, by the same key
         else:
@@ -148,6 +157,7 @@ class GatewayEdge:
             key_id = session.principal.key_id
             state = await self.state.authenticator.key_state(key_id) if key_id is not None else "invalid"
             logger.info("ending session %s: key %s is %s", session.session_id, session.principal.key_id, state)
+            SESSIONS_REVOKED.labels(state).inc()
             await self.state.transports.end_session(session, f"key_{state}")
             return _jsonrpc_error(
                 401, f"Session ended: its API key is {state}", headers={"WWW-Authenticate": 'Bearer error="invalid_token"'}
