@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from services.stack.redis_server import LocalRedis
@@ -53,6 +54,17 @@ async def _write(stack: Stack, tool: str, arguments: dict[str, Any], timings: li
     timings.append(time.monotonic() - started)
     assert "result" in reply, reply
     return reply
+
+
+async def _read(stack: Stack, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """A call on recall's internal API, as the gateway makes it."""
+    async with httpx.AsyncClient(timeout=60) as http:
+        response = await http.post(
+            f"{stack.recall_urls[0]}/v1/tools/{tool}",
+            json={"arguments": arguments, "principal": MASTER, "session": None},
+            headers={"x-engram-service-token": stack.service_token},
+        )
+    return response.json()
 
 
 async def _until(predicate: Any, timeout: float = 120.0) -> Any:
@@ -107,6 +119,13 @@ async def test_writes_while_redis_hangs_are_stored_once_and_their_jobs_run_after
         again = await _write(switched, "remember", {"content": content, "topic": "racks", "type": "fact", "workspace": ws,
                                                    "idempotencyKey": f"{ws}-{i}"}, timings)
         assert again["result"] == {"success": True, "id": remembered[i], "idempotent": True}, again
+    # The read path keeps working too; tool_feedback lands the queued recall effects first,
+    # and with the effects queue in a hung Redis that must not fail the feedback.
+    found = await _read(switched, "recall", {"text": "how many storage nodes does each drill rack host", "workspace": ws})
+    assert found.get("isError") is False and set(remembered[1:5]) & {f["id"] for f in found["result"]["fragments"]}, found
+    feedback = await _read(switched, "tool_feedback", {"tool_name": "recall", "relevant": True, "sufficient": True,
+                                                       "fragment_ids": remembered[1:3]})
+    assert feedback.get("isError") is False and feedback["result"]["success"] is True, feedback
     print(f"\nwrites with Redis hung: {len(timings)}, mean {1000 * sum(timings) / len(timings):.0f} ms, "
           f"max {1000 * max(timings):.0f} ms (one write with Redis up: {1000 * up:.0f} ms)")
 
