@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import shutil
 import signal
@@ -265,6 +266,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--call-timeout", type=float, default=defaults.call_timeout)
     parser.add_argument("--keep", action="store_true", help="keep the private stack's temp dir (logs)")
     args = parser.parse_args(argv)
+    # The client warns on every session it cannot close during an outage; the table counts them.
+    logging.getLogger("mcp.client.streamable_http").setLevel(logging.ERROR)
     settings = LoadSettings(clients=args.clients, max_writes=args.max_writes, interval=args.interval,
                             call_timeout=args.call_timeout)
     # Under /tmp: embedded Postgres makes its data dir's parents world-readable.
