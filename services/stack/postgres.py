@@ -103,10 +103,8 @@ class EmbeddedPostgres:
         argv = [self._bin("postgres"), "-D", str(self.data_dir)]
         for name, value in settings.items():
             argv += ["-c", f"{name}={value}"]
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
-        self._process = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, user=self._run_as
-        )
+        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+            self._process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, user=self._run_as)
 
     @property
     def pid(self) -> int | None:

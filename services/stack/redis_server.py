@@ -46,17 +46,15 @@ class LocalRedis:
 
     def _spawn(self) -> None:
         self.wanted = True
-        log = open(self.data_dir / "redis.log", "ab")  # noqa: SIM115 - owned by the child
-        # appendonly: what was acknowledged before a kill -9 (broker messages, sessions) is
-        # read back by the next start.
-        self._process = subprocess.Popen(
-            [
-                str(redis_server_binary()), "--bind", "127.0.0.1", "--port", str(self.port),
-                "--dir", str(self.data_dir), "--appendonly", "yes", "--save", "",
-                "--protected-mode", "no",
-            ],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+        argv = [
+            str(redis_server_binary()), "--bind", "127.0.0.1", "--port", str(self.port),
+            # appendonly: what was acknowledged before a kill -9 (broker messages, sessions) is
+            # read back by the next start.
+            "--dir", str(self.data_dir), "--appendonly", "yes", "--save", "",
+            "--protected-mode", "no",
+        ]
+        with open(self.data_dir / "redis.log", "ab") as log:  # the child keeps its own descriptor
+            self._process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     @property
     def pid(self) -> int | None:

@@ -136,7 +136,8 @@ class Watchdog(threading.Thread):
             delay = self.backoff.delay(failures)
             failures += 1
             self.log.warning(
-                "%s (pid %s) %s; restart %d in %.1f s", unit.name, unit.pid, describe_exit(unit.returncode), failures, delay
+                "%s (pid %s) %s; restarting in %.1f s (failure %d in a row)", unit.name, unit.pid, describe_exit(unit.returncode),
+                delay, failures,
             )
             if self._stopping.wait(delay):
                 return

@@ -89,9 +89,10 @@ class ServiceProcess:
                 self._spawn()
 
     def _spawn(self) -> None:
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
-        # Own process group, so stopping it stops whatever it forked (Celery's pool).
-        self.process = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        # The child gets its own copy of the descriptor; ours is closed, or each restart leaks one.
+        with open(self.log_path, "ab") as log:
+            # Own process group, so stopping it stops whatever it forked (Celery's pool).
+            self.process = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     @property
     def pid(self) -> int | None:
@@ -133,7 +134,10 @@ class ServiceProcess:
     def stop(self, timeout: float = 15) -> None:
         with self._lock:
             self.wanted = False
-        if self.process is None or not self.alive():
+        if self.process is None:
+            return
+        if not self.alive():
+            kill_group(self.process.pid)  # what a killed worker's pool left running
             return
         self.signal(signal.SIGTERM)
         try:
