@@ -27,6 +27,14 @@ GRAPH_LIMIT = 30
 # Neighbouring turns are looked up around each layer's top this-many (and the graph hop's):
 # 30 and 60 scored alike on LoCoMo dev (0.792 / 0.788), and 30 halves the lookup at 100k.
 NEIGHBOUR_SEEDS = 30
+# The relevance floor: a query whose most similar pooled fragment (its own MiniLM cosine) is
+# below this is answered with nothing, so recall says "not found" (_meta no_results, the cue
+# to remember) instead of handing over the nearest unrelated fragments. LoCoMo dev with 240
+# never-stored questions (bench.eval_locomo --unanswerable): the lowest answerable question's
+# best cosine was 0.327, 92% of the never-stored ones were under 0.30 (0.28: 89%, 0.32: 94%
+# with no margin left); that best cosine separated better than the passage-mixed similarity
+# or BM25. `threshold` replaces it.
+RELEVANCE_FLOOR = 0.30
 
 
 # Document frequencies are reused this long per (scope, term): BM25's IDF barely moves in
@@ -125,6 +133,16 @@ async def _feedback(
     return expansion(weights, await df_cache.lookup(conn, principal, corpus, list(weights)), scope_total)
 
 
+def _below_floor(req: SearchRequest, closest: float | None, exact_terms: list[str], pool: Pool) -> bool:
+    if req.threshold is not None or closest is None:
+        return False  # the caller's threshold replaces the floor; no similarity, no evidence either way
+    if exact_terms and any(row.tf.get(t) for row in pool.rows.values() for t in exact_terms):
+        # A keyword the caller named, or a Korean morpheme (which the English embedding model
+        # cannot judge), is stored: that is evidence enough.
+        return False
+    return closest < RELEVANCE_FLOOR
+
+
 def _lexical_extras(text: str | None, keywords: list[str]) -> list[str]:
     extras = [k.lower() for k in keywords]
     if text and any("\uac00" <= ch <= "\ud7a3" for ch in text):
@@ -221,6 +239,10 @@ async def layered_search(
         for fid, r in rows.items()
     }, avgdl)
     hits = score(pool, stats.idf)
+    closest = max((r.cosine for r in pool.rows.values() if r.cosine is not None), default=None)
+    if _below_floor(req, closest, extras, pool):
+        path.append(f"floor:{closest:.2f}")
+        return SearchOutcome([], path, {}, vector)
     # Feedback widens a question; a keyword lookup asks for exactly its words.
     extra = await _feedback(conn, principal, corpus, df_cache, hits, stats, scope_total) if req.text else {}
     if extra:
