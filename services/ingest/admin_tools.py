@@ -37,11 +37,12 @@ async def memory_consolidate(request: Request, ctx: ToolContext, arguments: dict
     unknown = sorted(set(args.stages or ()) - set(CONSOLIDATION_STAGES))
     if unknown:
         raise InvalidParams(f"Invalid params: stages: unknown {unknown}; one of {list(CONSOLIDATION_STAGES)}")
-    res = request.app.state.resources
-    relay = res.relay
+    # Without a broker (app.state.celery) there is no relay and no worker to run the cycle.
+    relay = request.app.state.resources.relay if request.app.state.celery is not None else None
     if relay is None:
         return {"success": False, "error": "memory_consolidate needs Redis: the cycle runs in the maintenance "
                 "worker, and REDIS_ENABLED is false or REDIS_URL is unset"}, True
+    res = request.app.state.resources
     pool = res.pool
     tenant = Tenant.of(ctx.principal)
     jobs = res.job_buffer()
