@@ -9,23 +9,27 @@ from typing import Any, Literal
 import asyncpg
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from services.gateway.admin_auth import require_master
 from services.gateway.auth import bearer_token
 from services.gateway.modes import MODES
+from shared.contract.base import ToolArgs
 from shared.repositories import keys as keys_repo
 
 PREFIX = "/v1/internal/model/nothing"
 PermissionName = Literal["read", "write", "admin"]
+# api_keys.daily_limit and fragment_limit are Postgres integers: a larger value is a 422, not a 500.
+PG_INTEGER_MAX = 2**31 - 1
 
 # /auth is the check itself, so it sits outside the master-key dependency.
 auth_router = APIRouter(prefix=PREFIX)
 router = APIRouter(prefix=PREFIX, dependencies=[Depends(require_master)])
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class _Body(ToolArgs):
+    """Unknown fields ignored; no NUL, NaN or Infinity anywhere, strings bounded (what Postgres
+    cannot hold is a 422 here, not a 500 from the INSERT)."""
 
 
 class AuthBody(_Body):
@@ -42,8 +46,8 @@ class KeyCreate(_Body):
     default_workspace: str | None = Field(None, max_length=200)
     allowed_workspaces: list[str] | None = None
     default_mode: Literal[MODES] | None = None  # type: ignore[valid-type]
-    daily_limit: int | None = Field(None, ge=0)
-    fragment_limit: int | None = Field(None, ge=0)
+    daily_limit: int | None = Field(None, ge=0, le=PG_INTEGER_MAX)
+    fragment_limit: int | None = Field(None, ge=0, le=PG_INTEGER_MAX)
     symbolic_hard_gate: bool = False
 
 
@@ -52,7 +56,7 @@ class KeyStatus(_Body):
 
 
 class DailyLimit(_Body):
-    daily_limit: int | None = Field(ge=0)
+    daily_limit: int | None = Field(ge=0, le=PG_INTEGER_MAX)
 
 
 class Workspace(_Body):

@@ -8,15 +8,17 @@ fixes. Work runs in the maintenance worker; a job is sent only after its run row
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import anyio
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Path, Request
 from kombu.exceptions import KombuError
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from redis.exceptions import RedisError
 
 from services.gateway.admin_auth import require_master
+from shared.contract.base import Int64, ToolArgs
+from shared.domain.fragment import MAX_INT64
 from shared.jobs import QUEUE_MAINTENANCE
 from shared.repositories import fsck as fsck_repo
 from shared.repositories import maintenance as runs_repo
@@ -27,10 +29,11 @@ from shared.telemetry import inject_headers
 router = APIRouter(prefix="/v1/internal/model/nothing", dependencies=[Depends(require_master)])
 
 FSCK_JOBS = ("fsck", "auto_fsck")
+# maintenance_runs.id is a bigserial: a larger id is a 422, not a 500.
+RunId = Annotated[int, Path(ge=1, le=MAX_INT64)]
 
 
-class FsckStart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class FsckStart(ToolArgs):  # no NUL / NaN anywhere, strings bounded: a 422, not a 500 from SQL
 
     # Whose memories: every tenant (default), the master key's own, or one key.
     keyId: str | None = None
@@ -39,10 +42,9 @@ class FsckStart(BaseModel):
     incremental: bool = False
 
 
-class FsckApply(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class FsckApply(ToolArgs):
 
-    issueIds: list[int] | None = Field(None, description="Issues to apply; omitted = every open issue of the run")
+    issueIds: list[Int64] | None = Field(None, description="Issues to apply; omitted = every open issue of the run")
 
 
 def _tenant(body: FsckStart) -> Tenant:
@@ -93,7 +95,7 @@ async def list_runs(request: Request, job: str | None = None, limit: int = 20) -
 
 
 @router.get("/maintenance/runs/{run_id}")
-async def get_run(request: Request, run_id: int) -> dict[str, Any]:
+async def get_run(request: Request, run_id: RunId) -> dict[str, Any]:
     async with request.app.state.pool.acquire() as conn:
         row = await runs_repo.get_run(conn, run_id)
     if row is None:
@@ -138,7 +140,7 @@ async def start_auto_fsck(request: Request, body: FsckStart | None = None) -> di
 
 
 @router.get("/fsck/{run_id}")
-async def fsck_status(request: Request, run_id: int) -> dict[str, Any]:
+async def fsck_status(request: Request, run_id: RunId) -> dict[str, Any]:
     async with request.app.state.pool.acquire() as conn:
         row = await runs_repo.get_run(conn, run_id)
         if row is None or row["job"] not in FSCK_JOBS:
@@ -148,7 +150,7 @@ async def fsck_status(request: Request, run_id: int) -> dict[str, Any]:
 
 
 @router.post("/fsck/{run_id}/apply")
-async def apply_fixes(request: Request, run_id: int, body: FsckApply | None = None) -> dict[str, Any]:
+async def apply_fixes(request: Request, run_id: RunId, body: FsckApply | None = None) -> dict[str, Any]:
     body = body or FsckApply()
     async with request.app.state.pool.acquire() as conn:
         row = await runs_repo.get_run(conn, run_id)
