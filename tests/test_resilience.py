@@ -119,6 +119,19 @@ def _run_stack(env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
     raise AssertionError("stack did not start:\n" + "".join(output[-40:]))
 
 
+def _remembers(port: int, key: str, ws: str) -> bool:
+    async def remember() -> bool:
+        async with asyncio.timeout(30), mcp_session(f"http://127.0.0.1:{port}/mcp", key) as s:
+            reply = await call(s, "remember", {"content": f"Restart probe {unique()}: the canary passed.", "topic": "release", "type": "fact", "workspace": ws})
+        return bool(reply.get("id"))
+
+    try:
+        return asyncio.run(remember())
+    # While ingest is down the call fails in whichever way; only that it works again counts.
+    except Exception:  # noqa: BLE001
+        return False
+
+
 def test_run_prints_url_and_key_stops_everything_and_keeps_data(stack_dir: Path) -> None:
     data_dir = stack_dir / "make-run"
     port = free_port()
@@ -139,6 +152,15 @@ def test_run_prints_url_and_key_stops_everything_and_keeps_data(stack_dir: Path)
                 return (await call(s, "remember", {"content": "The release train leaves every second Thursday.", "topic": "release", "type": "fact", "workspace": ws}))["id"]
 
         fragment_id = asyncio.run(remember())
+
+        # One dead service no longer ends the run: it is started again and says so.
+        ingest = next(c for c in children if "services.ingest.app" in " ".join(c.cmdline()))
+        ingest.kill()
+        assert _wait_for(lambda: _remembers(port, key, ws), timeout=180), "ingest was not restarted"
+        log = (data_dir / "logs" / "supervisor.log").read_text()
+        assert f"ingest (pid {ingest.pid}) killed by SIGKILL" in log and "ingest is back" in log, log
+        assert proc.poll() is None
+        children = psutil.Process(proc.pid).children(recursive=True)
         pg_pid = int((data_dir / "pg" / "postmaster.pid").read_text().split()[0])
     finally:
         proc.send_signal(signal.SIGINT)
