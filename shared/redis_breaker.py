@@ -8,10 +8,11 @@ at once (a RedisError, which callers already handle) for REDIS_BREAKER_COOLDOWN;
 single call probes and, if Redis answers, the client is closed again. An outage costs a
 request microseconds after the first failure instead of seconds on every call.
 
-The breaker sits in the connection's connect: that is where an unreachable or hung server
-shows first (the handshake is a command), and every command of every caller passes it. A
-server that hangs under an open connection fails that command by timeout; redis-py drops
-the connection, and the next call's connect trips the breaker.
+The breaker sits in the connection: a connect (which includes the handshake, a command)
+asks it first and trips it on failure, and so does a read that times out. A server that
+hangs under open connections fails each of them once by timeout; redis-py drops them, and
+their next connects are refused at once. Clients take no blocking commands (BLMOVE and the
+like would outlast the timeout): recall's effects queue polls for that reason.
 """
 
 from __future__ import annotations
@@ -83,6 +84,15 @@ class BreakerConnection(Connection):
             self._breaker.failed()
             raise
         self._breaker.succeeded()
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        # A server that hangs under an open connection shows here first; tripping now spares
+        # the next caller a connect that would wait out the same timeout.
+        try:
+            return await super().read_response(*args, **kwargs)
+        except RedisTimeoutError:
+            self._breaker.failed()
+            raise
 
 
 def request_path_redis(url: str, settings: CommonSettings) -> Redis:

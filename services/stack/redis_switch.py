@@ -37,7 +37,20 @@ class RedisSwitch:
             raise RuntimeError("the Redis switch did not start listening")
 
     def stop(self) -> None:
+        async def shutdown() -> None:
+            for writer in list(self._writers):
+                writer.close()
+            # Closed transports end every handler's reads; what is left after that is cancelled.
+            pending = {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+            if pending:
+                _, left = await asyncio.wait(pending, timeout=2)
+                for task in left:
+                    task.cancel()
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
 
     def set(self, mode: Mode) -> None:
         """Switch mode; leaving "up" or coming back closes the open connections."""
@@ -58,6 +71,7 @@ class RedisSwitch:
         self.port = server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
+        server.close()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.mode == "down":

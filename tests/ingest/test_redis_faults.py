@@ -23,6 +23,10 @@ from services.stack.redis_server import LocalRedis
 from services.stack.redis_switch import RedisSwitch
 from services.stack.supervisor import free_port
 from shared.domain.principal import Principal
+from shared.jobs import QUEUE_MAINTENANCE, broker_key, celery_client
+from shared.repositories import maintenance as runs_repo
+from shared.repositories import outbox as outbox_repo
+from shared.repositories.maintenance import Tenant
 from tests.ingest.helpers import db, ingest_call
 from tests.support import Stack, new_stack_config, running, unique
 
@@ -166,3 +170,29 @@ async def test_writes_while_redis_hangs_are_stored_once_and_their_jobs_run_after
             )) and not await conn.fetchval("SELECT count(*) FROM job_outbox")
 
         assert await _until(linked_and_drained)
+
+
+async def test_jobs_left_by_a_dead_ingest_are_relayed_by_the_worker(switched: Stack, redis_switch: RedisSwitch) -> None:
+    """A write's job outlives its ingest process: the row a dead ingest committed but never
+    relayed is sent by beat's maintenance.outbox_relay (here sent as beat would), and the
+    worker runs it."""
+    redis_switch.set("up")
+    ingest = switched.processes["ingest"]
+    ingest.stop()  # no relay of its own is left to take the row
+    try:
+        async with db(switched.database_url) as conn:
+            async with conn.transaction():  # what a memory_consolidate commits before its process dies
+                run_id = await runs_repo.create_run(conn, "consolidate", Tenant(), {"trigger": "test"})
+                await outbox_repo.insert(conn, broker_key(redis_switch.url), "maintenance.consolidate", QUEUE_MAINTENANCE,
+                                         {"run_id": run_id, "tenant": "all", "stages": None}, {})
+            producer = celery_client(redis_switch.url)
+            await asyncio.to_thread(producer.send_task, "maintenance.outbox_relay", queue=QUEUE_MAINTENANCE)
+
+            async def run_finished() -> str | None:
+                status = await conn.fetchval("SELECT status FROM maintenance_runs WHERE id = $1", run_id)
+                return status if status not in ("queued", "running") else None
+
+            assert await _until(run_finished) == "succeeded"
+            assert await conn.fetchval("SELECT count(*) FROM job_outbox") == 0
+    finally:
+        ingest.start()
