@@ -62,7 +62,8 @@ def celery_client(broker_url: str, timeout: float = SEND_TIMEOUT_S) -> Celery:
 
 
 def broker_key(broker_url: str) -> str:
-    """How outbox rows name the broker they are for: a hash, so no password is stored."""
+    """How outbox rows name the broker they are for: a hash, so no password is stored. The
+    same URL string on every process of a deployment (ingest, worker) gives the same key."""
     return hashlib.sha256(broker_url.encode()).hexdigest()[:16]
 
 
