@@ -138,10 +138,18 @@ async def test_writes_under_kills_are_stored_exactly_once(supervised: Stack) -> 
                             recover_timeout=RECOVERY_SECONDS)
     report = await run_faults(supervised, settings)
     print_report(report)
+    assert [k.name for k in report.kills if k.restarted_after is None] == []
     assert [k.name for k in report.kills if k.recovered_after is None] == []
     assert report.acknowledged > 0
     assert report.lost == [] and report.duplicated == {} and report.mismatched == []
     assert report.hung == 0, "an attempt outlived its timeout"
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _listening(port: int) -> bool:
@@ -157,9 +165,10 @@ async def test_stop_stops_everything_and_restarts_nothing(supervised: Stack) -> 
     # Stop while ingest's watchdog waits out its backoff: the restart must not come.
     assert await _logged(supervised, rf"ingest \(pid {ingest_pid}\) killed by SIGKILL")
     await asyncio.to_thread(supervised.stop)
-    await asyncio.sleep(3)  # past the backoff the restart was waiting for
-    running = [pid for pid in pids.values() if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
-    assert running == []
+    wait = re.search(rf"ingest \(pid {ingest_pid}\) killed by SIGKILL; restarting in ([0-9.]+) s", supervised.supervisor_log.read_text())
+    assert wait is not None
+    await asyncio.sleep(float(wait.group(1)) + 2)  # past the backoff the restart was waiting for
+    assert [pid for pid in pids.values() if _running(pid)] == []
     config = supervised.config
     ports = [config.gateway_port, config.ingest_port, *config.recall_ports, config.pg_port, config.redis_port]
     assert [p for p in ports if _listening(p)] == []
