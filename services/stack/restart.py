@@ -117,7 +117,6 @@ class Watchdog(threading.Thread):
         self.unit = unit
         self.backoff = backoff
         self.log = log
-        self.restarts = 0
         self._stopping = threading.Event()
 
     def stop(self) -> None:
@@ -148,7 +147,6 @@ class Watchdog(threading.Thread):
                 self.log.error("%s did not start again: %s", unit.name, error)
                 up_since = time.monotonic()
                 continue
-            self.restarts += 1
             up_since = time.monotonic()
             self._await_ready(died_at)
 
