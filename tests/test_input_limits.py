@@ -235,3 +235,27 @@ async def test_legacy_message_refuses_malformed_bodies_at_once_without_a_stack_t
         assert reply["id"] == "init-1" and "result" in reply
     logged = log.read_bytes()[before:].decode(errors="replace")
     assert "Traceback" not in logged and "Failed to parse message" not in logged
+
+
+async def test_admin_rest_refuses_what_postgres_cannot_hold(stack: Stack) -> None:
+    admin = "/v1/internal/model/nothing"
+    async with httpx.AsyncClient(base_url=stack.gateway_url, headers={"Authorization": f"Bearer {stack.master_key}"}, timeout=30) as http:
+        _, key_id = await create_api_key(stack.database_url)
+        for method, path in (("GET", f"{admin}/export?key_id=%00"), ("GET", f"{admin}/export?topic=a%00b"),
+                             ("DELETE", f"{admin}/keys/a%00b"), ("GET", f"{admin}/groups/a%00b/members"),
+                             ("POST", f"{admin}/sessions/a%00b/reflect")):
+            response = await http.request(method, path)
+            assert response.status_code == 422, (method, path, response.status_code, response.text)
+        for method, path, body in (
+            ("POST", f"{admin}/keys", {"name": NUL}),
+            ("POST", f"{admin}/keys", {"name": unique(), "daily_limit": 2**31}),
+            ("POST", f"{admin}/groups", {"name": NUL}),
+            ("PUT", f"{admin}/keys/{key_id}/daily-limit", {"daily_limit": 2**40}),
+            ("POST", f"{admin}/fsck", {"keyId": NUL, "scope": "key"}),
+        ):
+            response = await http.request(method, path, json=body)
+            assert response.status_code == 422, (method, path, body, response.status_code, response.text)
+        assert (await http.get(f"{admin}/maintenance/runs/{2**70}")).status_code == 422
+        # the largest values that fit are served
+        assert (await http.put(f"{admin}/keys/{key_id}/daily-limit", json={"daily_limit": 2**31 - 1})).status_code == 200
+        assert (await http.get(f"{admin}/maintenance/runs/{2**63 - 1}")).status_code == 404

@@ -14,3 +14,6 @@ async def require_master(request: Request) -> None:
         raise HTTPException(status_code=401, detail="Unauthorized")
     if not principal.is_master:
         raise HTTPException(status_code=403, detail="master key required")
+    # Postgres refuses NUL in text: a path or query value holding one is a 422, not a 500.
+    if any("\x00" in str(value) for value in (*request.path_params.values(), *request.query_params.values())):
+        raise HTTPException(status_code=422, detail="path and query values must not contain the NUL character")
