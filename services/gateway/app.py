@@ -14,20 +14,23 @@ from starlette.types import Receive, Scope, Send
 
 from services.common.heap import settle_heap
 from services.common.internal import install_observability
-from services.gateway import admin_io, admin_keys, openapi, rotation
-from services.gateway.admin_maintenance import router as admin_maintenance_router
+from services.gateway import openapi
+from services.gateway.admin import io as admin_io
+from services.gateway.admin import keys as admin_keys
+from services.gateway.admin.maintenance import router as admin_maintenance_router
 from services.gateway.api import router
-from services.gateway.auth import Authenticator
-from services.gateway.edge import GatewayEdge
-from services.gateway.jsonrpc_guard import JsonRpcGuard
-from services.gateway.limits import RateLimiter
-from services.gateway.mcp_server import GatewayContext, build_mcp_server
-from services.gateway.modes import MODES
-from services.gateway.oauth import OAuthService, install_oauth
-from services.gateway.sessions import GatewaySession, SessionRegistry
-from services.gateway.transports import Transports
-from services.gateway.upstream import Upstreams
-from services.gateway.usage import DailyCalls
+from services.gateway.core.auth import Authenticator
+from services.gateway.core.edge import GatewayEdge
+from services.gateway.core.jsonrpc_guard import JsonRpcGuard
+from services.gateway.core.limits import RateLimiter
+from services.gateway.core.upstream import Upstreams
+from services.gateway.core.usage import DailyCalls
+from services.gateway.mcp import rotation
+from services.gateway.mcp.modes import MODES
+from services.gateway.mcp.server import GatewayContext, build_mcp_server
+from services.gateway.mcp.transports import Transports
+from services.gateway.oauth.service import OAuthService, install_oauth
+from services.gateway.sessions.registry import GatewaySession, SessionRegistry
 from shared.db import create_pool
 from shared.jobs import celery_client
 from shared.settings import GatewaySettings

@@ -10,8 +10,8 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 
-from services.gateway.mcp_server import PRINCIPAL_SCOPE_KEY, has_permission
-from services.gateway.transports import unauthorized
+from services.gateway.mcp.server import PRINCIPAL_SCOPE_KEY, has_permission
+from services.gateway.mcp.transports import unauthorized
 from shared.contract.catalog import TOOLS
 from shared.domain.principal import Principal
 

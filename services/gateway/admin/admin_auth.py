@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import HTTPException, Request
 
-from services.gateway.auth import bearer_token
+from services.gateway.core.auth import bearer_token
 
 
 async def require_master(request: Request) -> None:

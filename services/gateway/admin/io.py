@@ -22,7 +22,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import StreamingResponse
 
-from services.gateway.admin_auth import require_master
+from services.gateway.admin.admin_auth import require_master
 from shared.domain.errors import EngramError, Unavailable
 from shared.domain.principal import Principal
 from shared.repositories import fragment_transfer as transfer_repo

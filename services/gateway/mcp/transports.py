@@ -21,10 +21,10 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import Message, Receive, Scope, Send
 
-from services.gateway import modes
-from services.gateway.edge import TOKEN_SCOPE_KEY
-from services.gateway.mcp_server import PRINCIPAL_SCOPE_KEY
-from services.gateway.sessions import GatewaySession, SessionRegistry
+from services.gateway.core.edge import TOKEN_SCOPE_KEY
+from services.gateway.mcp import modes
+from services.gateway.mcp.server import PRINCIPAL_SCOPE_KEY
+from services.gateway.sessions.registry import GatewaySession, SessionRegistry
 from shared.domain.principal import Principal
 from shared.settings import GatewaySettings
 

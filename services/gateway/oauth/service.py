@@ -31,10 +31,10 @@ from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 from pydantic import AnyUrl
 from starlette.routing import Route
 
-from services.gateway.auth import OAUTH_TOKEN_PREFIX as TOKEN_PREFIX
-from services.gateway.auth import Authenticator, bearer_token
-from services.gateway.limits import RateLimiter
-from services.gateway.oauth_consent import CSRF_FIELD, KEY_FIELD, ConsentCsrf, ConsentRefused, consent_page, consenting_key, cookie_name
+from services.gateway.core.auth import OAUTH_TOKEN_PREFIX as TOKEN_PREFIX
+from services.gateway.core.auth import Authenticator, bearer_token
+from services.gateway.core.limits import RateLimiter
+from services.gateway.oauth.consent import CSRF_FIELD, KEY_FIELD, ConsentCsrf, ConsentRefused, consent_page, consenting_key, cookie_name
 from shared.repositories import oauth as oauth_repo
 from shared.settings import GatewaySettings
 

@@ -16,10 +16,11 @@ from opentelemetry import trace
 from prometheus_client import Counter
 
 from services.common.internal import parse_arguments
-from services.gateway import modes, skill_guide, unavailable
-from services.gateway.sessions import GatewaySession, SessionRegistry
-from services.gateway.upstream import Upstreams
-from services.gateway.usage import DailyCalls
+from services.gateway.core import unavailable
+from services.gateway.core.upstream import Upstreams
+from services.gateway.core.usage import DailyCalls
+from services.gateway.mcp import modes, skill_guide
+from services.gateway.sessions.registry import GatewaySession, SessionRegistry
 from shared.contract.base import check_storable
 from shared.contract.catalog import TOOLS, TOOLS_BY_NAME, ToolSpec
 from shared.domain.errors import INVALID_REQUEST, EngramError, PermissionDenied

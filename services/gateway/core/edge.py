@@ -16,11 +16,11 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.gateway import unavailable
-from services.gateway.auth import bearer_token
-from services.gateway.limits import body_limit_for
-from services.gateway.mcp_server import PRINCIPAL_SCOPE_KEY
-from services.gateway.sessions import GatewaySession, token_digest
+from services.gateway.core import unavailable
+from services.gateway.core.auth import bearer_token
+from services.gateway.core.limits import body_limit_for
+from services.gateway.mcp.server import PRINCIPAL_SCOPE_KEY
+from services.gateway.sessions.registry import GatewaySession, token_digest
 from shared.domain.principal import Principal
 from shared.repositories import fragments as fragments_repo
 

@@ -16,7 +16,7 @@ from kombu.exceptions import KombuError
 from pydantic import Field
 from redis.exceptions import RedisError
 
-from services.gateway.admin_auth import require_master
+from services.gateway.admin.admin_auth import require_master
 from shared.contract.base import Int64, ToolArgs
 from shared.domain.fragment import MAX_INT64
 from shared.jobs import QUEUE_MAINTENANCE

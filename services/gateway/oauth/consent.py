@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from fastapi import Request
 from fastapi.responses import HTMLResponse
 
-from services.gateway.auth import OAUTH_TOKEN_PREFIX, Authenticator
+from services.gateway.core.auth import OAUTH_TOKEN_PREFIX, Authenticator
 
 CSRF_FIELD = "csrf_token"
 KEY_FIELD = "access_key"

@@ -16,9 +16,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import Counter
 
-from services.gateway.mcp_server import PRINCIPAL_SCOPE_KEY
-from services.gateway.sessions import GatewaySession
-from services.gateway.transports import Transports, unauthorized
+from services.gateway.mcp.server import PRINCIPAL_SCOPE_KEY
+from services.gateway.mcp.transports import Transports, unauthorized
+from services.gateway.sessions.registry import GatewaySession
 
 logger = logging.getLogger(__name__)
 

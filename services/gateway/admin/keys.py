@@ -11,9 +11,9 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import Field
 
-from services.gateway.admin_auth import require_master
-from services.gateway.auth import bearer_token
-from services.gateway.modes import MODES
+from services.gateway.admin.admin_auth import require_master
+from services.gateway.core.auth import bearer_token
+from services.gateway.mcp.modes import MODES
 from shared.contract.base import ToolArgs
 from shared.repositories import keys as keys_repo
 

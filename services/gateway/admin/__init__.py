@@ -1,0 +1,1 @@
+"""The admin REST surface (/v1/...): keys, groups, import/export, maintenance."""

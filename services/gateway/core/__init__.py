@@ -1,0 +1,1 @@
+"""The shared core every surface of the gateway is built on."""

@@ -1,0 +1,1 @@
+"""The MCP surface: Streamable HTTP (/mcp), legacy SSE (/sse + /message), tools, prompts, resources."""
