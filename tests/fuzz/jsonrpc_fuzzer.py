@@ -18,8 +18,9 @@ import httpx
 from tests.gateway.wire import ACCEPT, INIT
 
 # The codes a caller may be answered with: parse error, invalid request, unknown method,
-# invalid params; the reference's policy violation (-32003) and daily limit (-32000).
-CLIENT_ERRORS = {-32700, -32600, -32601, -32602, -32003, -32000}
+# invalid params; the reference's policy violation (-32003) and daily limit (-32000); MCP's
+# unsupported protocol version (-32022, a bad MCP-Protocol-Version header).
+CLIENT_ERRORS = {-32700, -32600, -32601, -32602, -32003, -32000, -32022}
 REQUEST_TIMEOUT_S = 30.0
 
 # A valid call of each tool; the fuzzer mutates some of its fields (and the schema's others).
@@ -197,8 +198,12 @@ class JsonRpcFuzzer:
     async def send(self, body: bytes, expects_reply: bool) -> None:
         self.report.sent += 1
         text = body.decode(errors="replace")
+        headers = self.headers()
+        if self.rng.random() < 0.1:  # the HTTP side of MCP: mode preset and protocol version
+            name = self.rng.choice(["x-memento-mode", "mcp-protocol-version"])
+            headers[name] = self.rng.choice(["recall-only", "AUDIT", "nope", "", "x" * 5000, "1999-01-01", "2025-03-26"])
         try:
-            response = await self.http.post(self.url, content=body, headers=self.headers(), timeout=REQUEST_TIMEOUT_S)
+            response = await self.http.post(self.url, content=body, headers=headers, timeout=REQUEST_TIMEOUT_S)
         except httpx.TimeoutException:
             self.report.findings.append(Finding("no reply within the timeout", text, None, ""))
             return
