@@ -26,9 +26,11 @@ JSONRPC_BODY = {
 
 def _transport_paths() -> dict[str, Any]:
     ok = {"200": {"description": "JSON-RPC response (JSON or an SSE stream)"}, "401": {"description": "Unauthorized"}}
+    # services/gateway/jsonrpc_guard.py
+    malformed = {"400": {"description": "Not one valid JSON-RPC message: -32700 (bad JSON) or -32600, id null"}}
     return {
         "/mcp": {
-            "post": {"summary": "Streamable HTTP: JSON-RPC request", "requestBody": JSONRPC_BODY, "responses": ok,
+            "post": {"summary": "Streamable HTTP: JSON-RPC request", "requestBody": JSONRPC_BODY, "responses": {**ok, **malformed},
                      "parameters": [{"name": "Mcp-Session-Id", "in": "header", "required": False, "schema": {"type": "string"}},
                                     {"name": "X-Memento-Mode", "in": "header", "required": False,
                                      "schema": {"enum": ["recall-only", "write-only", "onboarding", "audit"]}}]},
@@ -41,7 +43,7 @@ def _transport_paths() -> dict[str, Any]:
         "/sse": {"get": {"summary": "Legacy SSE: open a session", "responses": ok,
                          "parameters": [{"name": "accessKey", "in": "query", "required": True, "schema": {"type": "string"}}]}},
         "/message": {"post": {"summary": "Legacy SSE: JSON-RPC request; the reply arrives on the stream", "requestBody": JSONRPC_BODY,
-                              "responses": {"202": {"description": "Accepted"}},
+                              "responses": {"202": {"description": "Accepted"}, **malformed},
                               "parameters": [{"name": "sessionId", "in": "query", "required": True, "schema": {"type": "string"}}]}},
     }
 
