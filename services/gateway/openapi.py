@@ -26,7 +26,7 @@ JSONRPC_BODY = {
 
 def _transport_paths() -> dict[str, Any]:
     ok = {"200": {"description": "JSON-RPC response (JSON or an SSE stream)"}, "401": {"description": "Unauthorized"}}
-    # services/gateway/jsonrpc_guard.py
+    # services/gateway/core/jsonrpc_guard.py
     malformed = {"400": {"description": "Not one valid JSON-RPC message: -32700 (bad JSON) or -32600, id null"}}
     return {
         "/mcp": {
