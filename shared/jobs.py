@@ -84,6 +84,20 @@ def send_outbox_jobs(client: Celery, jobs: list[OutboxJob]) -> int:
     return len(jobs)
 
 
+def send_job(client: Celery, task: str, kwargs: dict[str, Any] | None = None, *, queue: str = QUEUE_MAINTENANCE) -> bool:
+    """The direct send, for a sender with no transaction to record the job in (its row is
+    committed already, or it has none): one try, within SEND_TIMEOUT_S on a producer client.
+    False when the broker refused it; the caller says what happens to the job then."""
+    try:
+        client.send_task(task, kwargs=kwargs or {}, queue=queue, headers=inject_headers({}), retry=False)
+    except BROKER_ERRORS:
+        logger.warning("could not enqueue %s", task, exc_info=True)
+        JOBS_SENT.labels(task, "failed").inc()
+        return False
+    JOBS_SENT.labels(task, "sent").inc()
+    return True
+
+
 @dataclass
 class Job:
     task: str
@@ -117,15 +131,7 @@ class JobBuffer:
         """Send every buffered job; return those that could not be sent."""
         unsent: list[Job] = []
         for job in self.jobs:
-            if client is None:
-                unsent.append(job)
-                continue
-            try:
-                client.send_task(job.task, kwargs=job.kwargs, queue=job.queue, headers=inject_headers({}), retry=False)
-                JOBS_SENT.labels(job.task, "sent").inc()
-            except BROKER_ERRORS:
-                logger.warning("could not enqueue %s; it will run inline", job.task, exc_info=True)
-                JOBS_SENT.labels(job.task, "failed").inc()
+            if client is None or not send_job(client, job.task, job.kwargs, queue=job.queue):
                 unsent.append(job)
         self.jobs.clear()
         return unsent

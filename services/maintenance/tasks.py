@@ -15,7 +15,7 @@ from services.maintenance import reflect, service
 from services.maintenance.celery_app import app, settings
 from services.maintenance.runtime import runtime
 from shared import job_relay
-from shared.jobs import broker_key, send_outbox_jobs
+from shared.jobs import broker_key, send_job, send_outbox_jobs
 
 # Lost connections and an unreachable ingest are worth retrying; a bug is not.
 RETRYABLE = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError)
@@ -60,12 +60,11 @@ def auto_reflect(session_id: str, key_id: str | None = None, reason: str | None 
 
 @app.task(name="maintenance.reflect_sweep", autoretry_for=RETRYABLE, **RETRY)
 def reflect_sweep() -> int:
-    """Ended sessions whose reflect job was lost or failed: one auto_reflect task each."""
+    """Ended sessions whose reflect job was lost or failed: one auto_reflect task each (one
+    the broker refuses is still unreflected at the next sweep). Returns the jobs sent."""
     rt = runtime()
     pending = rt.run(lambda _pool: reflect.unreflected(rt))
-    for kwargs in pending:
-        auto_reflect.apply_async(kwargs=kwargs)
-    return len(pending)
+    return sum(send_job(app, auto_reflect.name, kwargs) for kwargs in pending)
 
 
 @app.task(name="maintenance.outbox_relay", autoretry_for=RETRYABLE, **RETRY)
