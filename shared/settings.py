@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import logging
-
 from datetime import timedelta
 from functools import lru_cache
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEV_MASTER_KEY = "engram-dev-master-key"
@@ -42,7 +41,6 @@ class CommonSettings(BaseSettings):
     # "redact" stores the text with each secret replaced by [REDACTED:<kind>]. Common: ingest
     # screens every write tool, recall screens tool_feedback's free text.
     secret_policy: Literal["reject", "redact"] = Field("reject", alias="ENGRAM_SECRET_POLICY")
-
     # Connect and command timeout of the request-path Redis clients (cache, batch queue,
     # effects, the Celery producer). A loopback or LAN Redis answers in well under 1 ms; this
     # only bounds what a hung or unreachable one costs before the breaker opens.
@@ -213,6 +211,28 @@ class MaintenanceSettings(CommonSettings):
         if isinstance(value, (int, float)) or (isinstance(value, str) and value.replace(".", "", 1).isdigit()):
             return timedelta(hours=float(value))
         return value
+
+
+class BatchWorkerSettings(CommonSettings):
+    """The batch_remember queue's consumer (services/maintenance/batch_worker.py)."""
+
+    ingest_url: str = Field(
+        "http://127.0.0.1:57334", validation_alias=AliasChoices("ENGRAM_BATCH_INGEST_URL", "INGEST_URL")
+    )
+    # A job held longer than this without progress is taken to belong to a dead consumer.
+    # One chunk takes ~0.3 s to store here (50 fragments with embeddings), so a minute is
+    # generous even on a loaded machine.
+    lease: timedelta = Field(timedelta(seconds=60), alias="ENGRAM_BATCH_LEASE")
+    recover_interval: timedelta = Field(timedelta(seconds=30), alias="ENGRAM_BATCH_RECOVER_INTERVAL")
+    # Fragments per ingest call: progress is committed (and survives a crash) per chunk.
+    chunk: int = Field(50, alias="ENGRAM_BATCH_CHUNK", ge=1, le=200)
+    # Jobs per task run before the run re-enqueues itself (bounded runs, STYLE 7).
+    jobs_per_run: int = Field(20, alias="ENGRAM_BATCH_JOBS_PER_RUN", ge=1)
+
+    @field_validator("lease", "recover_interval", mode="before")
+    @classmethod
+    def _seconds(cls, value: object) -> object:
+        return seconds_or_duration(value)
 
 
 @lru_cache(maxsize=1)

@@ -15,44 +15,26 @@ also puts jobs whose consumer died (lease run out) back on the queue.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 from typing import Any
 
-import httpx
 from celery.signals import worker_ready
-from pydantic import AliasChoices, Field, field_validator
 from redis.asyncio import Redis
 
-from services.common.internal import SERVICE_TOKEN_HEADER
+from services.common.rpc import InternalClient
 from services.maintenance.celery_app import app
 from services.maintenance.runtime import runtime
-from shared.jobs import QUEUE_BATCH
+from shared.domain.errors import EngramError, InvalidParams, PolicyViolation, Unavailable
+from shared.jobs import QUEUE_BATCH, send_job
 from shared.repositories.batch_jobs import BatchQueue, Claimed
-from shared.settings import CommonSettings, seconds_or_duration
-from shared.telemetry import inject_headers
+from shared.settings import BatchWorkerSettings
 
 logger = logging.getLogger(__name__)
 
-
-class BatchWorkerSettings(CommonSettings):
-    ingest_url: str = Field(
-        "http://127.0.0.1:57334", validation_alias=AliasChoices("ENGRAM_BATCH_INGEST_URL", "INGEST_URL")
-    )
-    # A job held longer than this without progress is taken to belong to a dead consumer.
-    # One chunk takes ~0.3 s to store here (50 fragments with embeddings), so a minute is
-    # generous even on a loaded machine.
-    lease: timedelta = Field(timedelta(seconds=60), alias="ENGRAM_BATCH_LEASE")
-    recover_interval: timedelta = Field(timedelta(seconds=30), alias="ENGRAM_BATCH_RECOVER_INTERVAL")
-    # Fragments per ingest call: progress is committed (and survives a crash) per chunk.
-    chunk: int = Field(50, alias="ENGRAM_BATCH_CHUNK", ge=1, le=200)
-    # Jobs per task run before the run re-enqueues itself (bounded runs, STYLE 7).
-    jobs_per_run: int = Field(20, alias="ENGRAM_BATCH_JOBS_PER_RUN", ge=1)
-
-
-    @field_validator("lease", "recover_interval", mode="before")
-    @classmethod
-    def _seconds(cls, value: object) -> object:
-        return seconds_or_duration(value)
+BATCH_REMEMBER_TASK = "maintenance.batch_remember"
+BATCH_RECOVER_TASK = "maintenance.batch_recover"
+# One ingest call stores a chunk with its embeddings: ~0.3 s here, minutes on a cold model
+# under load are still an answer worth waiting for.
+INGEST_TIMEOUT = 120.0
 
 
 class IngestUnavailable(Exception):
@@ -63,37 +45,30 @@ def _settings() -> BatchWorkerSettings:
     return BatchWorkerSettings()
 
 
-async def _store_chunk(
-    http: httpx.AsyncClient, settings: BatchWorkerSettings, payload: dict[str, Any], items: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    body = {
-        "arguments": {"fragments": items, "workspace": payload.get("workspace"), "agentId": payload.get("agentId")},
-        "principal": payload["principal"],
-        "session": payload.get("session"),
-    }
-    headers = inject_headers({SERVICE_TOKEN_HEADER: settings.service_token})
+async def _store_chunk(ingest: InternalClient, payload: dict[str, Any], items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    arguments = {"fragments": items, "workspace": payload.get("workspace"), "agentId": payload.get("agentId")}
     try:
-        response = await http.post(f"{settings.ingest_url}/v1/tools/batch_remember", json=body, headers=headers)
-    except httpx.HTTPError as exc:
-        raise IngestUnavailable(f"ingest unreachable: {exc.__class__.__name__}") from exc
-    if response.status_code == 422:
+        result, _ = await ingest.call("ingest", "batch_remember", arguments, payload["principal"], payload.get("session"))
+    except Unavailable as exc:
+        raise IngestUnavailable(f"ingest unreachable: {exc.message}") from exc
+    except (InvalidParams, PolicyViolation) as exc:
         # The write path refused the whole call (never expected: items were validated when
         # queued). Not retryable: the chunk's items count as failed.
-        logger.error("ingest refused a batch chunk: %s", response.text[:500])
+        logger.error("ingest refused a batch chunk: %s", exc.message[:500])
         return [{"success": False} for _ in items]
-    if response.status_code >= 400:
-        raise IngestUnavailable(f"ingest answered {response.status_code}")
-    return list(response.json()["result"]["results"])
+    except EngramError as exc:
+        raise IngestUnavailable(f"ingest answered {exc.code}: {exc.message[:200]}") from exc
+    return list(result["results"])
 
 
-async def process(queue: BatchQueue, http: httpx.AsyncClient, settings: BatchWorkerSettings, job: Claimed) -> str:
+async def process(queue: BatchQueue, ingest: InternalClient, settings: BatchWorkerSettings, job: Claimed) -> str:
     """Store one claimed job from its cursor on; returns its final state for this run."""
     items = job.payload["items"]
     cursor, processed, failed = job.cursor, job.processed, job.failed
     try:
         while cursor < len(items):
             chunk = items[cursor:cursor + settings.chunk]
-            results = await _store_chunk(http, settings, job.payload, [c["item"] for c in chunk])
+            results = await _store_chunk(ingest, job.payload, [c["item"] for c in chunk])
             ok = sum(1 for r in results if r.get("success"))
             processed += ok
             failed += len(chunk) - ok
@@ -118,12 +93,13 @@ async def drain(settings: BatchWorkerSettings, prefix: str | None = None) -> tup
         recovered = await queue.recover()
         if recovered:
             logger.info("requeued batch jobs whose consumer stopped: %s", recovered)
-        async with httpx.AsyncClient(timeout=httpx.Timeout(120, connect=2)) as http:
+        ingest = InternalClient({"ingest": InternalClient.replicas(settings.ingest_url)}, settings.service_token, INGEST_TIMEOUT)
+        async with ingest:
             while handled < settings.jobs_per_run:
                 job = await queue.claim()
                 if job is None:
                     break
-                await process(queue, http, settings, job)
+                await process(queue, ingest, settings, job)
                 handled += 1
         return handled, await queue.pending() > 0
     finally:
@@ -133,31 +109,29 @@ async def drain(settings: BatchWorkerSettings, prefix: str | None = None) -> tup
 def _run() -> int:
     settings = _settings()
     handled, more = runtime().loop.run_until_complete(drain(settings))
-    if more:
-        batch_remember.apply_async(queue=QUEUE_BATCH)
+    if more:  # a refused send waits for beat's batch_recover
+        send_job(app, BATCH_REMEMBER_TASK, queue=QUEUE_BATCH)
     return handled
 
 
-@app.task(name="maintenance.batch_remember")
+@app.task(name=BATCH_REMEMBER_TASK)
 def batch_remember(job_id: str | None = None) -> int:
     """Woken by ingest after it queued job_id; drains whatever is queued."""
     return _run()
 
 
-@app.task(name="maintenance.batch_recover")
+@app.task(name=BATCH_RECOVER_TASK)
 def batch_recover() -> int:
     return _run()
 
 
 app.add_periodic_task(
-    _settings().recover_interval.total_seconds(), batch_recover.s(), name="maintenance.batch_recover", queue=QUEUE_BATCH
+    _settings().recover_interval.total_seconds(), batch_recover.s(), name=BATCH_RECOVER_TASK, queue=QUEUE_BATCH
 )
 
 
 @worker_ready.connect
 def _recover_on_start(sender: Any = None, **_: Any) -> None:
-    """A restarted worker takes back what a crashed one held, without waiting for beat."""
-    try:
-        app.send_task("maintenance.batch_recover", queue=QUEUE_BATCH)
-    except Exception:  # kombu raises several transport errors; beat recovers later anyway
-        logger.warning("could not schedule batch recovery at start-up", exc_info=True)
+    """A restarted worker takes back what a crashed one held, without waiting for beat (a
+    refused send is logged by send_job; beat recovers later anyway)."""
+    send_job(app, BATCH_RECOVER_TASK, queue=QUEUE_BATCH)

@@ -14,17 +14,16 @@ import json
 import logging
 from typing import Any
 
-import httpx
-
+from services.common.rpc import InternalClient
 from services.maintenance.runtime import WorkerRuntime
 from shared.domain.autoreflect import digest_session
+from shared.domain.errors import EngramError
+from shared.repositories import locks as locks_repo
 from shared.repositories import maintenance as runs_repo
 from shared.repositories.maintenance import Tenant
-from shared.telemetry import inject_headers
 
 logger = logging.getLogger(__name__)
 
-SERVICE_TOKEN_HEADER = "x-engram-service-token"
 # Ingest answers reflect in well under a second; 30 s covers a cold embedding model.
 INGEST_TIMEOUT = 30.0
 SWEEP_BATCH = 50
@@ -45,12 +44,12 @@ async def auto_reflect(rt: WorkerRuntime, *, session_id: str, key_id: str | None
     lock = await pool.acquire()
     lock_name = f"engram.reflect:{session_id}"
     try:
-        if not await lock.fetchval("SELECT pg_try_advisory_lock(hashtext($1))", lock_name):
+        if not await locks_repo.try_lock(lock, lock_name):
             return {"sessionId": session_id, "skipped": "being reflected by another worker"}
         try:
             return await _reflect_locked(rt, lock, session_id, key_id, reason)
         finally:
-            await lock.execute("SELECT pg_advisory_unlock(hashtext($1))", lock_name)
+            await locks_repo.unlock(lock, lock_name)
     finally:
         await pool.release(lock)
 
@@ -88,15 +87,17 @@ async def _reflect_locked(rt: WorkerRuntime, conn: Any, session_id: str, key_id:
         return result
 
     arguments = digest.reflect_arguments()
+    ingest = InternalClient({"ingest": InternalClient.replicas(rt.settings.ingest_url)}, rt.settings.service_token, INGEST_TIMEOUT)
     try:
-        reply, refused = await _call_ingest(rt, "reflect", principal.to_wire(), session_id, arguments)
-        if refused:
-            raise ReflectFailed(f"ingest reflect failed: {json.dumps(reply)[:200]}")
-        # A link is upserted, so a retried run relinks harmlessly; one ingest refuses (its
-        # source forgotten meanwhile) is left out rather than failing the whole reflection.
-        linked = 0
-        for link in digest.source_links(reply.get("fragments") or []):
-            linked += not (await _call_ingest(rt, "link", principal.to_wire(), session_id, link))[1]
+        async with ingest:
+            reply, refused = await _call_ingest(ingest, "reflect", principal.to_wire(), session_id, arguments)
+            if refused:
+                raise ReflectFailed(f"ingest reflect failed: {json.dumps(reply)[:200]}")
+            # A link is upserted, so a retried run relinks harmlessly; one ingest refuses (its
+            # source forgotten meanwhile) is left out rather than failing the whole reflection.
+            linked = 0
+            for link in digest.source_links(reply.get("fragments") or []):
+                linked += not (await _call_ingest(ingest, "link", principal.to_wire(), session_id, link))[1]
     except ReflectFailed as exc:
         await runs_repo.record_reflect_failure(conn, session_id, str(exc))
         await runs_repo.finish_run(conn, run_id, "failed", {"arguments": arguments, **budget.report()}, str(exc))
@@ -115,21 +116,15 @@ async def _reflect_locked(rt: WorkerRuntime, conn: Any, session_id: str, key_id:
 
 
 async def _call_ingest(
-    rt: WorkerRuntime, tool: str, principal: dict[str, Any], session_id: str, arguments: dict[str, Any],
+    ingest: InternalClient, tool: str, principal: dict[str, Any], session_id: str, arguments: dict[str, Any],
 ) -> tuple[dict[str, Any], bool]:
-    """The tool's result and whether it answered isError; ReflectFailed when ingest did not answer."""
-    url = rt.settings.ingest_url.split(",")[0].rstrip("/") + f"/v1/tools/{tool}"
-    headers = inject_headers({SERVICE_TOKEN_HEADER: rt.settings.service_token})
-    body = {"arguments": arguments, "principal": principal, "session": {"id": session_id}}
+    """The tool's result and whether it answered isError; ReflectFailed when ingest did not
+    answer or refused the call (Unavailable is an EngramError too): the task retries it."""
     try:
-        async with httpx.AsyncClient(timeout=INGEST_TIMEOUT) as http:
-            response = await http.post(url, json=body, headers=headers)
-    except httpx.HTTPError as exc:
-        raise ReflectFailed(f"ingest unreachable: {exc.__class__.__name__}") from exc
-    if response.status_code != 200:
-        raise ReflectFailed(f"ingest {tool} answered {response.status_code}: {response.text[:200]}")
-    payload = response.json()
-    return payload.get("result") or {}, bool(payload.get("isError"))
+        result, is_error = await ingest.call("ingest", tool, arguments, principal, {"id": session_id})
+    except EngramError as exc:
+        raise ReflectFailed(f"ingest {tool} failed: {exc.code} {exc.message[:200]}") from exc
+    return result or {}, is_error
 
 
 async def unreflected(rt: WorkerRuntime) -> list[dict[str, Any]]:

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from services.maintenance.batch_worker import BatchWorkerSettings, drain
+from services.maintenance.batch_worker import drain
 from shared.repositories.batch_jobs import BatchQueue, new_job_id
+from shared.settings import BatchWorkerSettings
 from tests.ingest.helpers import (
     db, fragment, import_, ingest_call, principal_of, remember_while_key_locked, rpc_error, tool_error, wait_job,
 )
