@@ -27,6 +27,7 @@ from shared.job_relay import Inline, OutboxRelay
 from shared.jobs import JobBuffer
 from shared.recall_cache import bump_recall_generation
 from shared.repositories import fragments as fragments_repo
+from shared.repositories import keys as keys_repo
 from shared.repositories import links as links_repo
 from shared.repositories.batch_jobs import BatchQueue
 from shared.settings import IngestSettings
@@ -230,5 +231,5 @@ async def lock_quota(conn: asyncpg.Connection, principal: Principal, adding: int
     does: a batch is one transaction already, and the lock is one indexed row."""
     if principal.key_id is None or principal.fragment_limit is None:
         return None
-    await conn.execute("SELECT 1 FROM api_keys WHERE id = $1 FOR UPDATE", principal.key_id)
+    await keys_repo.lock_key(conn, principal.key_id)
     return await check_quota(conn, principal, adding)

@@ -153,6 +153,11 @@ async def calls_on(conn: asyncpg.Connection, key_id: str, day: date) -> int:
     return int(await conn.fetchval("SELECT COALESCE(max(calls), 0) FROM api_key_daily_usage WHERE key_id = $1 AND day = $2", key_id, day))
 
 
+async def lock_key(conn: asyncpg.Connection, key_id: str) -> None:
+    """Hold the key's row until the caller's transaction ends: writers of one key queue here."""
+    await conn.execute("SELECT 1 FROM api_keys WHERE id = $1 FOR UPDATE", key_id)
+
+
 async def touch_used(conn: asyncpg.Connection, key_id: str) -> None:
     await conn.execute("UPDATE api_keys SET last_used_at = now() WHERE id = $1", key_id)
 
