@@ -26,6 +26,23 @@ class Principal:
     def is_master(self) -> bool:
         return self.key_id is None
 
+    @property
+    def reads(self) -> TenantScope:
+        """Rows the caller may read: its own and its groups' members' (the master key: all)."""
+        if self.is_master:
+            return TenantScope(everyone=True)
+        return TenantScope(key_ids=tuple(self.visible_key_ids or (self.key_id,)))
+
+    @property
+    def writes(self) -> TenantScope:
+        """Rows the caller may change: its own (the master key may change any)."""
+        return TenantScope(everyone=True) if self.is_master else TenantScope.key(self.key_id)
+
+    @property
+    def owns(self) -> TenantScope:
+        """Rows the caller stored: the master key's own are those without a key."""
+        return TenantScope.key(self.key_id)
+
     def to_wire(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -53,19 +70,42 @@ class SqlParams:
         return f"${len(self.values)}"
 
 
-def read_scope(principal: Principal, params: SqlParams, alias: str = "f") -> str:
-    """Rows the caller may read. Tenant isolation lives here and nowhere else."""
-    if principal.is_master:
-        return "TRUE"
-    visible = principal.visible_key_ids or (principal.key_id,)
-    return f"{alias}.key_id = ANY({params.add(list(visible))}::text[])"
+@dataclass(frozen=True)
+class TenantScope:
+    """Whose rows: every tenant's (everyone), or exactly those of `key_ids`, where None is
+    the master key's own rows (key_id IS NULL). Principal and maintenance's Tenant each
+    say theirs; scope_clause turns it into SQL."""
+
+    everyone: bool = False
+    key_ids: tuple[str | None, ...] = ()
+
+    @classmethod
+    def key(cls, key_id: str | None) -> TenantScope:
+        """One tenant: that key's rows, or the master key's own (None)."""
+        return cls(key_ids=(key_id,))
 
 
-def write_scope(principal: Principal, params: SqlParams, alias: str = "f") -> str:
-    """Rows the caller may change: its own (the master key may change any)."""
-    if principal.is_master:
+def scope_clause(scope: TenantScope, params: SqlParams, alias: str | None = "f") -> str:
+    """The WHERE clause of a tenant scope over `alias`.key_id (bare key_id without an alias).
+    Tenant isolation is written here and nowhere else (STYLE 5)."""
+    column = f"{alias}.key_id" if alias else "key_id"
+    if scope.everyone:
         return "TRUE"
-    return f"{alias}.key_id = {params.add(principal.key_id)}"
+    keys = [k for k in scope.key_ids if k is not None]
+    parts = [f"{column} IS NULL"] if None in scope.key_ids else []
+    if len(keys) == 1:
+        parts.append(f"{column} = {params.add(keys[0])}")
+    elif keys:
+        parts.append(f"{column} = ANY({params.add(keys)}::text[])")
+    if not parts:
+        return "FALSE"
+    return parts[0] if len(parts) == 1 else "(" + " OR ".join(parts) + ")"
+
+
+def same_tenant(a: str, b: str) -> str:
+    """Rows `a` and `b` belong to one tenant: what every pairing of two rows (duplicates,
+    contradictions, links) requires, so even an all-tenant run never pairs two keys' rows."""
+    return f"{a}.key_id IS NOT DISTINCT FROM {b}.key_id"
 
 
 def workspace_scope(workspace: str | None, params: SqlParams, alias: str = "f") -> str:

@@ -11,11 +11,9 @@ import asyncpg
 import numpy as np
 
 from shared.domain import lifecycle as lc
-from shared.domain.principal import SqlParams
+from shared.domain.principal import SqlParams, same_tenant, scope_clause
 from shared.repositories import fragments as fragments_repo
 from shared.repositories.maintenance import Tenant
-
-SAME_TENANT = "{a}.key_id IS NOT DISTINCT FROM {b}.key_id"
 
 
 def _count(status: str) -> int:
@@ -43,7 +41,7 @@ async def transition_tiers(conn: asyncpg.Connection, tenant: Tenant, limit: int)
 
     async def step(size: int) -> int:
         params = SqlParams()
-        scope = tenant.clause(params)
+        scope = scope_clause(tenant.scope, params)
         hot_window, min_access, hot_imp = params.add(lc.HOT_WINDOW), params.add(lc.HOT_MIN_ACCESS), params.add(lc.HOT_MIN_IMPORTANCE)
         cold_after, cold_imp = params.add(lc.COLD_AFTER), params.add(lc.COLD_MAX_IMPORTANCE)
         rows = await conn.fetch(
@@ -83,7 +81,7 @@ async def decay_importance(conn: asyncpg.Connection, tenant: Tenant, limit: int)
 
 async def _decay_chunk(conn: asyncpg.Connection, tenant: Tenant, limit: int) -> int:
     params = SqlParams()
-    scope = tenant.clause(params)
+    scope = scope_clause(tenant.scope, params)
     floor, step = params.add(lc.IMPORTANCE_FLOOR), params.add(lc.MIN_DECAY_STEP)
     status = await conn.execute(
         f"""
@@ -114,7 +112,7 @@ async def _decay_chunk(conn: asyncpg.Connection, tenant: Tenant, limit: int) -> 
 
 async def collect_garbage(conn: asyncpg.Connection, tenant: Tenant, limit: int) -> dict[str, Any]:
     params = SqlParams()
-    scope = tenant.clause(params)
+    scope = scope_clause(tenant.scope, params)
     utility = lc.utility_sql("f")
     rows = await conn.fetch(
         f"""
@@ -136,7 +134,7 @@ async def collect_garbage(conn: asyncpg.Connection, tenant: Tenant, limit: int) 
 async def exact_duplicate_pairs(conn: asyncpg.Connection, tenant: Tenant, limit: int) -> list[tuple[str, str]]:
     """(removed, survivor): live fragments with the same content in the same tenant and workspace."""
     params = SqlParams()
-    scope = tenant.clause(params)
+    scope = scope_clause(tenant.scope, params)
     rows = await conn.fetch(
         f"""
         WITH dup AS (
@@ -147,7 +145,7 @@ async def exact_duplicate_pairs(conn: asyncpg.Connection, tenant: Tenant, limit:
             SELECT f.id, f.is_anchor,
                    first_value(f.id) OVER w AS survivor, row_number() OVER w AS rn
             FROM fragments f
-            JOIN dup ON f.key_id IS NOT DISTINCT FROM dup.key_id
+            JOIN dup ON {same_tenant('f', 'dup')}
                     AND f.workspace IS NOT DISTINCT FROM dup.workspace AND f.content_hash = dup.content_hash
             WHERE f.valid_to IS NULL
             WINDOW w AS (PARTITION BY f.key_id, f.workspace, f.content_hash
@@ -175,7 +173,7 @@ async def merge_into(conn: asyncpg.Connection, pairs: list[tuple[str, str]]) -> 
         ok AS (
             SELECT p.removed, p.survivor, r.key_id, r.importance, r.access_count, r.keywords
             FROM p JOIN fragments r ON r.id = p.removed JOIN fragments s ON s.id = p.survivor
-            WHERE {SAME_TENANT.format(a='r', b='s')} AND r.valid_to IS NULL AND s.valid_to IS NULL
+            WHERE {same_tenant('r', 's')} AND r.valid_to IS NULL AND s.valid_to IS NULL
               AND NOT r.is_anchor
         ), gone AS (
             UPDATE fragments f SET valid_to = now(), superseded_by = ok.survivor, updated_at = now()
@@ -218,7 +216,7 @@ async def unconsolidated_groups(conn: asyncpg.Connection, tenant: Tenant, limit:
     """(key_id, workspace, topic) groups holding live fragments newer than the group's mark,
     for at most `limit` such fragments, oldest first."""
     params = SqlParams()
-    scope = tenant.clause(params)
+    scope = scope_clause(tenant.scope, params)
     rows = await conn.fetch(
         f"""
         SELECT DISTINCT key_id, workspace, topic FROM (
@@ -278,7 +276,7 @@ async def insert_contradictions(conn: asyncpg.Connection, links: list[tuple[str,
         SELECT a.id, b.id, 'contradicts', l.w, a.key_id
         FROM unnest($1::text[], $2::text[], $3::real[]) AS l(a, b, w)
         JOIN fragments a ON a.id = l.a JOIN fragments b ON b.id = l.b
-        WHERE {SAME_TENANT.format(a='a', b='b')}
+        WHERE {same_tenant('a', 'b')}
         ON CONFLICT DO NOTHING
         """,
         [x[0] for x in links], [x[1] for x in links], [x[2] for x in links],
@@ -297,7 +295,7 @@ async def supersede_contradicted(conn: asyncpg.Connection, tenant: Tenant, limit
     workspace and topic supersedes it (seed: valid_to set, importance halved); plus repair
     of rows whose superseded_by was set without valid_to."""
     params = SqlParams()
-    scope = tenant.clause(params, "o.key_id")
+    scope = scope_clause(tenant.scope, params, "o")
     rows = await conn.fetch(
         f"""
         WITH cand AS (
@@ -305,7 +303,7 @@ async def supersede_contradicted(conn: asyncpg.Connection, tenant: Tenant, limit
             FROM fragment_links l
             JOIN fragments n ON n.id = l.from_id JOIN fragments o ON o.id = l.to_id
             WHERE l.relation_type = 'contradicts' AND l.weight >= {params.add(SUPERSEDE_MIN_CONFIDENCE)}
-              AND {scope} AND {SAME_TENANT.format(a='n', b='o')}
+              AND {scope} AND {same_tenant('n', 'o')}
               AND n.type = o.type AND n.type = ANY({params.add(list(SUPERSEDABLE_TYPES))}::text[])
               AND n.workspace IS NOT DISTINCT FROM o.workspace AND n.topic = o.topic
               AND n.created_at > o.created_at AND n.valid_to IS NULL AND o.valid_to IS NULL
@@ -326,7 +324,7 @@ async def supersede_contradicted(conn: asyncpg.Connection, tenant: Tenant, limit
         *params.values,
     )
     repair_params = SqlParams()
-    repair_scope = tenant.clause(repair_params)
+    repair_scope = scope_clause(tenant.scope, repair_params)
     repaired = await conn.execute(
         f"""
         UPDATE fragments f SET valid_to = coalesce(f.updated_at, now())
@@ -344,7 +342,7 @@ async def supersede_contradicted(conn: asyncpg.Connection, tenant: Tenant, limit
 async def missing_embeddings(conn: asyncpg.Connection, tenant: Tenant, limit: int) -> list[tuple[str, str | None, str]]:
     """(id, topic, content) of fragments stored without an embedding, oldest first."""
     params = SqlParams()
-    scope = tenant.clause(params)
+    scope = scope_clause(tenant.scope, params)
     rows = await conn.fetch(
         f"""
         SELECT f.id, f.topic, f.content FROM fragments f
@@ -370,7 +368,7 @@ async def store_embeddings(conn: asyncpg.Connection, ids: list[str], vectors: li
 async def passage_backlog(conn: asyncpg.Connection, tenant: Tenant, limit: int) -> list[tuple[str, str]]:
     """Queued fragments (migration 0012: stored before passages existed) in the tenant."""
     params = SqlParams()
-    scope = tenant.clause(params)
+    scope = scope_clause(tenant.scope, params)
     rows = await conn.fetch(
         f"""
         SELECT f.id, f.content FROM passage_backfill q JOIN fragments f ON f.id = q.fragment_id
@@ -421,7 +419,7 @@ async def decay_activation(conn: asyncpg.Connection, tenant: Tenant, limit: int)
 
 async def _activation_chunk(conn: asyncpg.Connection, tenant: Tenant, limit: int) -> int:
     params = SqlParams()
-    scope = tenant.clause(params)
+    scope = scope_clause(tenant.scope, params)
     since = "greatest(coalesce(f.activation_decayed_at, f.created_at), coalesce(f.last_accessed_at, f.created_at))"
     status = await conn.execute(
         f"""
@@ -451,7 +449,7 @@ async def link_co_retrieved(conn: asyncpg.Connection, tenant: Tenant, limit: int
     """co_retrieved links from recent search events; weight grows with the count. A master
     or group search can return several keys' fragments together: only same-key pairs link."""
     params = SqlParams()
-    scope = tenant.clause(params, "fa.key_id")
+    scope = scope_clause(tenant.scope, params, "fa")
     status = await conn.execute(
         f"""
         WITH ev AS (
@@ -467,7 +465,7 @@ async def link_co_retrieved(conn: asyncpg.Connection, tenant: Tenant, limit: int
         INSERT INTO fragment_links (from_id, to_id, relation_type, weight, key_id)
         SELECT p.x, p.y, 'co_retrieved', least(1.0, p.n / 10.0)::real, fa.key_id
         FROM pairs p JOIN fragments fa ON fa.id = p.x JOIN fragments fb ON fb.id = p.y
-        WHERE {SAME_TENANT.format(a='fa', b='fb')} AND {scope}
+        WHERE {same_tenant('fa', 'fb')} AND {scope}
         ON CONFLICT (from_id, to_id, relation_type) DO UPDATE SET weight = EXCLUDED.weight
         WHERE fragment_links.weight IS DISTINCT FROM EXCLUDED.weight
         """,
@@ -484,7 +482,7 @@ async def clean_sessions(conn: asyncpg.Connection, tenant: Tenant, idle_ttl: tim
     working memory (scope=session fragments) of reflected sessions; delete session rows that
     ended and were reflected (or gave up) more than SESSION_RETENTION ago."""
     params = SqlParams()
-    scope = tenant.clause(params, "s.key_id")
+    scope = scope_clause(tenant.scope, params, "s")
     expired = await conn.execute(
         f"""
         UPDATE sessions s SET ended_at = now(), end_reason = 'expired'
@@ -499,7 +497,7 @@ async def clean_sessions(conn: asyncpg.Connection, tenant: Tenant, idle_ttl: tim
     # seed: scope=session fragments are working memory and go with their session, once the
     # session's reflect has had them (AutoReflect reads them).
     params = SqlParams()
-    scope = tenant.clause(params)
+    scope = scope_clause(tenant.scope, params)
     working = await conn.execute(
         f"""
         DELETE FROM fragments d WHERE d.id IN (
@@ -512,7 +510,7 @@ async def clean_sessions(conn: asyncpg.Connection, tenant: Tenant, idle_ttl: tim
         *params.values,
     )
     params = SqlParams()
-    scope = tenant.clause(params, "s.key_id")
+    scope = scope_clause(tenant.scope, params, "s")
     deleted = await conn.execute(
         f"""
         DELETE FROM sessions d WHERE d.id IN (
@@ -535,7 +533,7 @@ async def clean_sessions(conn: asyncpg.Connection, tenant: Tenant, idle_ttl: tim
 async def anomaly_facts(conn: asyncpg.Connection, tenant: Tenant) -> list[asyncpg.Record]:
     """Per key: the numbers the anomaly rules look at."""
     params = SqlParams()
-    scope = tenant.clause(params)
+    scope = scope_clause(tenant.scope, params)
     return await conn.fetch(
         f"""
         SELECT f.key_id,
@@ -548,7 +546,7 @@ async def anomaly_facts(conn: asyncpg.Connection, tenant: Tenant) -> list[asyncp
                (SELECT count(*) FROM fragment_links l JOIN fragments a ON a.id = l.from_id
                   JOIN fragments b ON b.id = l.to_id
                  WHERE l.relation_type = 'contradicts' AND a.valid_to IS NULL AND b.valid_to IS NULL
-                   AND a.key_id IS NOT DISTINCT FROM f.key_id) AS open_contradictions
+                   AND {same_tenant('a', 'f')}) AS open_contradictions
         FROM fragments f WHERE {scope}
         GROUP BY f.key_id
         """,

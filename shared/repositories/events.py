@@ -9,6 +9,8 @@ from typing import Any
 
 import asyncpg
 
+from shared.domain.principal import SqlParams, TenantScope, scope_clause
+
 # Access bumps ema_activation towards 1 by this share per recall that returned the fragment.
 ACTIVATION_ALPHA = 0.2
 
@@ -116,14 +118,18 @@ async def search_event_owner(conn: asyncpg.Connection, event_id: int) -> tuple[b
 
 
 async def recent_keyword_searches(conn: asyncpg.Connection, key_id: str | None, keywords: list[str], seconds: int) -> int:
+    params = SqlParams()
+    scope = scope_clause(TenantScope.key(key_id), params, "e")
+    words = params.add(sorted(k.lower() for k in keywords))
+    since = params.add(seconds)
     return int(
         await conn.fetchval(
-            """
-            SELECT count(*) FROM search_events
-            WHERE key_id IS NOT DISTINCT FROM $1 AND query_type IN ('keywords', 'mixed')
-              AND created_at > now() - make_interval(secs => $3) AND keywords = $2::text[]
+            f"""
+            SELECT count(*) FROM search_events e
+            WHERE {scope} AND e.query_type IN ('keywords', 'mixed')
+              AND e.created_at > now() - make_interval(secs => {since}) AND e.keywords = {words}::text[]
             """,
-            key_id, sorted(k.lower() for k in keywords), seconds,
+            *params.values,
         )
     )
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import asyncpg
 
+from shared.domain.principal import SqlParams, TenantScope, scope_clause
+
 # The export record, one JSON object per line, in this order.
 EXPORT_COLUMNS = (
     "id", "content", "topic", "type", "keywords", "importance", "source", "scope", "is_anchor",
@@ -39,17 +41,12 @@ async def stream_fragments(
 ) -> AsyncIterator[dict[str, Any]]:
     """Fragments oldest first. all_tenants=False keeps one tenant: key_id's, or the master
     key's own (key_id NULL). Must run inside a transaction (cursor)."""
-    clauses: list[str] = []
-    params: list[Any] = []
-    if not all_tenants:
-        params.append(key_id)
-        clauses.append(f"key_id IS NOT DISTINCT FROM ${len(params)}")
+    params = SqlParams()
+    clauses = [scope_clause(TenantScope(everyone=True) if all_tenants else TenantScope.key(key_id), params, None)]
     if topic is not None:
-        params.append(topic)
-        clauses.append(f"topic = ${len(params)}")
-    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-    sql = f"SELECT {', '.join(EXPORT_COLUMNS)} FROM fragments {where} ORDER BY created_at, id"
-    async for row in conn.cursor(sql, *params, prefetch=EXPORT_PREFETCH):
+        clauses.append(f"topic = {params.add(topic)}")
+    sql = f"SELECT {', '.join(EXPORT_COLUMNS)} FROM fragments WHERE {' AND '.join(clauses)} ORDER BY created_at, id"
+    async for row in conn.cursor(sql, *params.values, prefetch=EXPORT_PREFETCH):
         yield _wire(row)
 
 

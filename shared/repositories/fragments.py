@@ -12,7 +12,7 @@ from pgvector import Vector
 
 from shared.domain.fragment import NewFragment
 from shared.domain.keywords import korean_morphemes
-from shared.domain.principal import Principal, SqlParams, read_scope, workspace_scope, write_scope
+from shared.domain.principal import Principal, SqlParams, TenantScope, scope_clause, workspace_scope
 from shared.domain.search import FragmentFilter
 
 _HANGUL = re.compile(r"[\uac00-\ud7a3]")
@@ -152,7 +152,7 @@ async def replace_passages(conn: asyncpg.Connection, items: list[tuple[str, Any]
 def filter_clauses(principal: Principal, flt: FragmentFilter, params: SqlParams, alias: str = "f") -> list[str]:
     """The WHERE clauses every layer shares: tenant, workspace, validity and the recall filters."""
     a = alias
-    clauses = [read_scope(principal, params, a), workspace_scope(flt.workspace, params, a)]
+    clauses = [scope_clause(principal.reads, params, a), workspace_scope(flt.workspace, params, a)]
     if flt.as_of is not None:
         p = params.add(flt.as_of)
         clauses.append(f"{a}.valid_from <= {p} AND ({a}.valid_to IS NULL OR {a}.valid_to > {p})")
@@ -221,7 +221,7 @@ async def fetch_by_ids(conn: asyncpg.Connection, principal: Principal, ids: list
     sql = f"""
         SELECT {FRAGMENT_COLUMNS}
         FROM fragments f
-        WHERE f.id = ANY({params.add(ids)}::text[]) AND {read_scope(principal, params)}
+        WHERE f.id = ANY({params.add(ids)}::text[]) AND {scope_clause(principal.reads, params)}
     """
     rows = await conn.fetch(sql, *params.values)
     return {r["id"]: r for r in rows}
@@ -234,7 +234,7 @@ async def find_by_hash(
     if not pairs:
         return {}
     params = SqlParams()
-    owner = "f.key_id IS NULL" if principal.is_master else f"f.key_id = {params.add(principal.key_id)}"
+    owner = scope_clause(principal.owns, params)
     hashes = params.add([h for h, _ in pairs])
     workspaces = params.add([w for _, w in pairs])
     sql = f"""
@@ -251,7 +251,7 @@ async def find_by_hash(
 async def delete_by_id(conn: asyncpg.Connection, principal: Principal, fragment_id: str, *, force: bool) -> tuple[int, int]:
     """Returns (deleted, protected). Permanent-tier fragments need force (seed)."""
     params = SqlParams()
-    where = f"f.id = {params.add(fragment_id)} AND {write_scope(principal, params)}"
+    where = f"f.id = {params.add(fragment_id)} AND {scope_clause(principal.writes, params)}"
     row = await conn.fetchrow(f"SELECT f.id, f.ttl_tier FROM fragments f WHERE {where} FOR UPDATE", *params.values)
     if row is None:
         return 0, 0
@@ -263,7 +263,7 @@ async def delete_by_id(conn: asyncpg.Connection, principal: Principal, fragment_
 
 async def delete_by_topic(conn: asyncpg.Connection, principal: Principal, topic: str, *, force: bool) -> tuple[int, int]:
     params = SqlParams()
-    where = f"f.topic = {params.add(topic)} AND {write_scope(principal, params)}"
+    where = f"f.topic = {params.add(topic)} AND {scope_clause(principal.writes, params)}"
     protected = 0
     if not force:
         protected = await conn.fetchval(
@@ -282,19 +282,21 @@ async def preview_delete(
     sql = f"""
         SELECT f.id, f.topic, f.type, f.ttl_tier, left(f.content, 120) AS content,
                (SELECT count(*) FROM fragment_links l WHERE l.from_id = f.id OR l.to_id = f.id) AS link_count
-        FROM fragments f WHERE {target} AND {write_scope(principal, params)}
+        FROM fragments f WHERE {target} AND {scope_clause(principal.writes, params)}
         ORDER BY f.created_at LIMIT 500
     """
     return await conn.fetch(sql, *params.values)
 
 
 async def count_owned(conn: asyncpg.Connection, key_id: str) -> int:
-    return int(await conn.fetchval("SELECT count(*) FROM fragments WHERE key_id = $1", key_id))
+    params = SqlParams()
+    scope = scope_clause(TenantScope.key(key_id), params)
+    return int(await conn.fetchval(f"SELECT count(*) FROM fragments f WHERE {scope}", *params.values))
 
 
 async def stats(conn: asyncpg.Connection, principal: Principal) -> dict[str, Any]:
     params = SqlParams()
-    scope = read_scope(principal, params)
+    scope = scope_clause(principal.reads, params)
     row = await conn.fetchrow(
         f"""
         SELECT count(*) AS total,

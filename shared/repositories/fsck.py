@@ -13,14 +13,14 @@ import asyncpg
 
 from shared.domain.fragment import content_hash
 from shared.domain.fsck import Issue
-from shared.domain.principal import SqlParams
+from shared.domain.principal import SqlParams, same_tenant, scope_clause
 from shared.repositories import fragments as fragments_repo
 from shared.repositories.maintenance import Tenant
 
 
 async def fragments_to_check(conn: asyncpg.Connection, tenant: Tenant, *, incremental: bool, limit: int) -> list[asyncpg.Record]:
     params = SqlParams()
-    scope = tenant.clause(params)
+    scope = scope_clause(tenant.scope, params)
     changed = " AND (f.checked_at IS NULL OR f.updated_at > f.checked_at)" if incremental else ""
     return await conn.fetch(
         f"""
@@ -66,11 +66,11 @@ async def mark_checked(conn: asyncpg.Connection, ids: list[str]) -> None:
 async def open_contradictions(conn: asyncpg.Connection, ids: list[str]) -> list[asyncpg.Record]:
     """contradicts links between two live fragments of one key touching the checked ones."""
     return await conn.fetch(
-        """
+        f"""
         SELECT l.from_id, l.to_id, l.weight, n.key_id, n.content AS new_content, o.content AS old_content
         FROM fragment_links l JOIN fragments n ON n.id = l.from_id JOIN fragments o ON o.id = l.to_id
         WHERE l.relation_type = 'contradicts' AND (l.from_id = ANY($1::text[]) OR l.to_id = ANY($1::text[]))
-          AND n.valid_to IS NULL AND o.valid_to IS NULL AND n.key_id IS NOT DISTINCT FROM o.key_id
+          AND n.valid_to IS NULL AND o.valid_to IS NULL AND {same_tenant('n', 'o')}
         """,
         ids,
     )

@@ -1,5 +1,5 @@
 """Read-side queries of the history tools: traces, timelines, causal links, versions, and
-context()'s loads. Tenant scope through read_scope / workspace_scope only."""
+context()'s loads. Tenant scope through scope_clause / workspace_scope only."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import asyncpg
 
-from shared.domain.principal import Principal, SqlParams, read_scope, workspace_scope
+from shared.domain.principal import Principal, SqlParams, scope_clause, workspace_scope
 from shared.repositories.fragments import FRAGMENT_COLUMNS
 
 
@@ -18,7 +18,7 @@ async def search_traces(
     workspace: str | None, limit: int,
 ) -> list[asyncpg.Record]:
     params = SqlParams()
-    where = [read_scope(principal, params), workspace_scope(workspace, params)]
+    where = [scope_clause(principal.reads, params), workspace_scope(workspace, params)]
     if type_:
         where.append(f"f.type = {params.add(type_)}")
     if entity:
@@ -45,7 +45,7 @@ async def timeline(
     time_from: datetime | None, time_to: datetime | None, workspace: str | None, limit: int,
 ) -> list[asyncpg.Record]:
     params = SqlParams()
-    where = [read_scope(principal, params), workspace_scope(workspace, params)]
+    where = [scope_clause(principal.reads, params), workspace_scope(workspace, params)]
     if case_id:
         where.append(f"f.case_id = {params.add(case_id)}")
     elif entity:
@@ -81,8 +81,7 @@ async def links_among(conn: asyncpg.Connection, ids: list[str]) -> list[asyncpg.
 
 async def case_events(conn: asyncpg.Connection, principal: Principal, case_id: str) -> list[asyncpg.Record]:
     params = SqlParams()
-    keys = list(principal.visible_key_ids or (principal.key_id,))
-    scope = "TRUE" if principal.is_master else f"e.key_id = ANY({params.add(keys)}::text[])"
+    scope = scope_clause(principal.reads, params, "e")
     return await conn.fetch(
         f"SELECT e.id, e.event_type, e.summary, e.fragment_id, e.created_at FROM case_events e "
         f"WHERE e.case_id = {params.add(case_id)} AND {scope} ORDER BY e.created_at, e.id",
@@ -93,7 +92,7 @@ async def case_events(conn: asyncpg.Connection, principal: Principal, case_id: s
 async def fragment(conn: asyncpg.Connection, principal: Principal, fragment_id: str) -> asyncpg.Record | None:
     params = SqlParams()
     return await conn.fetchrow(
-        f"SELECT {FRAGMENT_COLUMNS} FROM fragments f WHERE f.id = {params.add(fragment_id)} AND {read_scope(principal, params)}",
+        f"SELECT {FRAGMENT_COLUMNS} FROM fragments f WHERE f.id = {params.add(fragment_id)} AND {scope_clause(principal.reads, params)}",
         *params.values,
     )
 
@@ -102,7 +101,7 @@ async def causal_neighbours(conn: asyncpg.Connection, principal: Principal, frag
     """caused_by / resolved_by links of one fragment, either direction, to readable fragments."""
     params = SqlParams()
     fid = params.add(fragment_id)
-    scope = read_scope(principal, params)
+    scope = scope_clause(principal.reads, params)
     return await conn.fetch(
         f"""
         SELECT x.relation_type, x.direction, x.weight, {FRAGMENT_COLUMNS} FROM (
@@ -133,7 +132,7 @@ async def supersession_chain(
     """What this fragment replaced (older, via superseded_by pointing at it) and what replaced it."""
     params = SqlParams()
     fid = params.add(fragment_id)
-    scope = read_scope(principal, params)
+    scope = scope_clause(principal.reads, params)
     lim = params.add(limit)
     newer = await conn.fetch(
         f"""
@@ -149,7 +148,7 @@ async def supersession_chain(
     )
     params2 = SqlParams()
     fid2 = params2.add(fragment_id)
-    scope2 = read_scope(principal, params2)
+    scope2 = scope_clause(principal.reads, params2)
     older = await conn.fetch(
         f"""
         SELECT {FRAGMENT_COLUMNS} FROM fragments f
@@ -168,7 +167,7 @@ async def core_memory(
     conn: asyncpg.Connection, principal: Principal, *, types: list[str], workspace: str | None, agent_id: str | None, limit: int
 ) -> list[asyncpg.Record]:
     params = SqlParams()
-    where = [read_scope(principal, params), workspace_scope(workspace, params), "f.valid_to IS NULL", "f.scope = 'permanent'",
+    where = [scope_clause(principal.reads, params), workspace_scope(workspace, params), "f.valid_to IS NULL", "f.scope = 'permanent'",
              f"f.type = ANY({params.add(types)}::text[])"]
     if agent_id:
         where.append(f"f.agent_id = {params.add(agent_id)}")
@@ -187,7 +186,7 @@ async def session_fragments(
 ) -> dict[str, list[asyncpg.Record]]:
     """Working memory (scope=session) and the session's reflections."""
     params = SqlParams()
-    scope = read_scope(principal, params)
+    scope = scope_clause(principal.reads, params)
     sid = params.add(session_id)
     rows = await conn.fetch(
         f"""
@@ -205,7 +204,7 @@ async def session_fragments(
 
 async def unreflected_sessions(conn: asyncpg.Connection, principal: Principal, exclude: str | None) -> int:
     params = SqlParams()
-    owner = "TRUE" if principal.is_master else f"s.key_id = {params.add(principal.key_id)}"
+    owner = scope_clause(principal.writes, params, "s")
     ex = f"AND s.id <> {params.add(exclude)}" if exclude else ""
     return int(await conn.fetchval(
         f"SELECT count(*) FROM sessions s WHERE {owner} AND s.ended_at IS NOT NULL AND s.reflected_at IS NULL {ex}",

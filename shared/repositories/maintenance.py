@@ -14,7 +14,7 @@ from typing import Any
 
 import asyncpg
 
-from shared.domain.principal import Principal, SqlParams
+from shared.domain.principal import Principal, SqlParams, TenantScope, scope_clause
 from shared.repositories import keys as keys_repo
 
 
@@ -48,12 +48,10 @@ class Tenant:
             return "all"
         return "master" if self.key_id is None else f"key:{self.key_id}"
 
-    def clause(self, params: SqlParams, column: str = "f.key_id") -> str:
-        if self.all:
-            return "TRUE"
-        if self.key_id is None:
-            return f"{column} IS NULL"
-        return f"{column} = {params.add(self.key_id)}"
+    @property
+    def scope(self) -> TenantScope:
+        """The run's rows, for shared.domain.principal.scope_clause."""
+        return TenantScope(everyone=True) if self.all else TenantScope.key(self.key_id)
 
 
 def _json(value: Any) -> str:
@@ -190,13 +188,16 @@ async def session_row(conn: asyncpg.Connection, session_id: str) -> asyncpg.Reco
 
 async def session_fragments(conn: asyncpg.Connection, session_id: str, key_id: str | None) -> list[asyncpg.Record]:
     """The session's fragments of that key only (a session never spans tenants)."""
+    params = SqlParams()
+    session = params.add(session_id)
+    scope = scope_clause(TenantScope.key(key_id), params)
     return await conn.fetch(
-        """
-        SELECT id, type, content, topic, workspace, resolution_status, outcome, created_at
-        FROM fragments WHERE session_id = $1 AND key_id IS NOT DISTINCT FROM $2
-        ORDER BY created_at, id LIMIT 500
+        f"""
+        SELECT f.id, f.type, f.content, f.topic, f.workspace, f.resolution_status, f.outcome, f.created_at
+        FROM fragments f WHERE f.session_id = {session} AND {scope}
+        ORDER BY f.created_at, f.id LIMIT 500
         """,
-        session_id, key_id,
+        *params.values,
     )
 
 

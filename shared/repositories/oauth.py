@@ -9,6 +9,8 @@ from typing import Any
 
 import asyncpg
 
+from shared.domain.principal import same_tenant
+
 
 def digest(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()
@@ -22,12 +24,12 @@ async def create_client(
     already another key's (`<name>_<keyIdHex8>` names only eight hex digits of the key id):
     only the key a client was registered with may change its redirect URIs."""
     return await conn.fetchrow(
-        """
+        f"""
         INSERT INTO oauth_clients (client_id, client_name, redirect_uris, key_id, metadata)
         VALUES ($1, $2, $3, $4, $5::jsonb)
         ON CONFLICT (client_id) DO UPDATE SET client_name = EXCLUDED.client_name,
             redirect_uris = EXCLUDED.redirect_uris, metadata = EXCLUDED.metadata
-        WHERE oauth_clients.key_id IS NOT DISTINCT FROM EXCLUDED.key_id
+        WHERE {same_tenant("oauth_clients", "EXCLUDED")}
         RETURNING *
         """,
         client_id, client_name, redirect_uris, key_id, json.dumps(metadata),

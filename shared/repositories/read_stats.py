@@ -7,7 +7,7 @@ from typing import Any
 
 import asyncpg
 
-from shared.domain.principal import Principal, SqlParams, read_scope
+from shared.domain.principal import Principal, SqlParams, scope_clause
 
 OUTCOMES = ("completed", "partial", "blocked", "abandoned", "unknown")
 IRRELEVANCE = ("not_stored", "search_miss", "scope_leak", "topic_mismatch", "other")
@@ -98,14 +98,14 @@ async def evaluation(conn: asyncpg.Connection, principal: Principal) -> dict[str
 
 async def workspaces(conn: asyncpg.Connection, principal: Principal, top: int = 10) -> dict[str, Any]:
     params = SqlParams()
-    scope = read_scope(principal, params)
+    scope = scope_clause(principal.reads, params)
     dist = await conn.fetch(
         f"SELECT f.workspace, count(*) AS n FROM fragments f WHERE {scope} GROUP BY f.workspace ORDER BY n DESC, f.workspace",
         *params.values,
     )
     named = [r for r in dist if r["workspace"] is not None]
     params = SqlParams()
-    scope = read_scope(principal, params)
+    scope = scope_clause(principal.reads, params)
     fill = await conn.fetch(
         f"""
         SELECT f.key_id, k.name AS key_name, count(*) AS total, count(f.workspace) AS with_workspace
@@ -115,7 +115,7 @@ async def workspaces(conn: asyncpg.Connection, principal: Principal, top: int = 
         *params.values,
     )
     params = SqlParams()
-    scope = read_scope(principal, params)
+    scope = scope_clause(principal.reads, params)
     sessions = await conn.fetchrow(
         f"""
         WITH per AS (

@@ -1,5 +1,5 @@
 """Read-side lookups that decorate recall results: links, key names, surrounding turns,
-cases, and the facts behind _meta hints. Every query is scoped by read_scope."""
+cases, and the facts behind _meta hints. Every query is scoped by scope_clause."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import asyncpg
 
-from shared.domain.principal import Principal, SqlParams, read_scope
+from shared.domain.principal import Principal, SqlParams, scope_clause
 
 # resolved_by / caused_by first (seed: includeLinks "resolved_by/caused_by 우선").
 _RELATION_ORDER = "CASE l.relation_type WHEN 'resolved_by' THEN 0 WHEN 'caused_by' THEN 1 ELSE 2 END"
@@ -23,7 +23,7 @@ async def links_of(
         return {}
     params = SqlParams()
     id_list = params.add(ids)
-    scope = read_scope(principal, params, "o")
+    scope = scope_clause(principal.reads, params, "o")
     rel = f"AND l.relation_type = {params.add(relation)}" if relation else "AND l.relation_type <> 'co_retrieved'"
     sql = f"""
         SELECT * FROM (
@@ -65,7 +65,7 @@ async def surrounding(
     if not ids:
         return {}
     params = SqlParams()
-    scope = read_scope(principal, params, "n")
+    scope = scope_clause(principal.reads, params, "n")
     id_list = params.add(ids)
     w = params.add(width)
     window = ""
@@ -99,7 +99,7 @@ async def case_summaries(conn: asyncpg.Connection, principal: Principal, case_id
     if not case_ids:
         return {}
     params = SqlParams()
-    scope = read_scope(principal, params)
+    scope = scope_clause(principal.reads, params)
     ids = params.add(case_ids)
     rows = await conn.fetch(
         f"""
@@ -116,8 +116,7 @@ async def case_summaries(conn: asyncpg.Connection, principal: Principal, case_id
     out = {r["case_id"]: {"goal": r["goal"], "outcome": r["outcome"], "resolution_status": r["status"],
                           "fragment_count": r["fragment_count"], "events": []} for r in rows}
     eparams = SqlParams()
-    keys = list(principal.visible_key_ids or (principal.key_id,))
-    escope = "TRUE" if principal.is_master else f"e.key_id = ANY({eparams.add(keys)}::text[])"
+    escope = scope_clause(principal.reads, eparams, "e")
     eids = eparams.add(list(out))
     for r in await conn.fetch(
         f"SELECT e.case_id, e.event_type, e.summary, e.created_at FROM case_events e "
@@ -131,7 +130,7 @@ async def case_summaries(conn: asyncpg.Connection, principal: Principal, case_id
 async def similar_topics(conn: asyncpg.Connection, principal: Principal, topic: str, limit: int = 3) -> list[str]:
     """Topics in the caller's scope that look like `topic` (trigram), for topic_mismatch."""
     params = SqlParams()
-    scope = read_scope(principal, params)
+    scope = scope_clause(principal.reads, params)
     t = params.add(topic)
     rows = await conn.fetch(
         f"""

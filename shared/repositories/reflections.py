@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncpg
 
-from shared.domain.principal import Principal, SqlParams, write_scope
+from shared.domain.principal import Principal, SqlParams, scope_clause
 
 # Contents sampled per group to synthesise its episode (most important first).
 GROUP_SAMPLE = 5
@@ -22,7 +22,7 @@ async def session_groups(conn: asyncpg.Connection, principal: Principal, session
                max(f.created_at) AS last_at
         FROM fragments f
         WHERE f.session_id = {sid} AND f.valid_to IS NULL AND f.topic <> {params.add(exclude_topic)}
-          AND {write_scope(principal, params)}
+          AND {scope_clause(principal.writes, params)}
         GROUP BY f.workspace, f.case_id, f.topic
         ORDER BY n DESC, last_at DESC
         """,

@@ -1,5 +1,5 @@
 """Read-side ranking SQL: BM25 over the full-text vectors, candidate scoring, neighbouring
-turns and one-hop graph neighbours. Every query goes through filter_clauses / read_scope."""
+turns and one-hop graph neighbours. Every query goes through filter_clauses / scope_clause."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from dataclasses import dataclass
 
 import asyncpg
 import numpy as np
+from cachetools import LRUCache
 
 from shared.domain.keywords import STOPWORDS
 from shared.domain.passages import LEAD_MAX, label_of
-from shared.domain.principal import Principal, SqlParams, read_scope
+from shared.domain.principal import Principal, SqlParams, scope_clause
 from shared.domain.search import FragmentFilter
 from shared.repositories.fragments import filter_clauses
 
@@ -95,7 +96,7 @@ async def document_frequencies(
 def _postings_scope(principal: Principal, flt: FragmentFilter, params: SqlParams) -> str:
     """The filters the postings carry themselves: tenant, workspace (+ global, which the
     postings spell '' so that both are one index condition), type."""
-    clauses = [read_scope(principal, params, "t")]
+    clauses = [scope_clause(principal.reads, params, "t")]
     if flt.workspace is not None:
         clauses.append(f"t.workspace = ANY(ARRAY[{params.add(flt.workspace)}, ''])")
     if flt.types:
@@ -230,16 +231,15 @@ class PooledFragment:
 
 
 # Lexemes of fragment labels (shared.domain.passages.label_of), by label: a store's labels
-# are few (its speakers, its subjects) and each is analysed once per process.
-_LABEL_LEXEMES: dict[str, tuple[str, ...]] = {}
+# are few (its speakers, its subjects) and each is analysed once per process. A label's
+# lexemes never change, so no TTL; the bound only caps what many distinct labels can cost.
 LABEL_CACHE_MAX = 10_000
+_LABEL_LEXEMES: LRUCache[str, tuple[str, ...]] = LRUCache(LABEL_CACHE_MAX)
 
 
 async def label_lexemes(conn: asyncpg.Connection, labels: set[str]) -> dict[str, tuple[str, ...]]:
     missing = [label for label in labels if label not in _LABEL_LEXEMES]
     if missing:
-        if len(_LABEL_LEXEMES) + len(missing) > LABEL_CACHE_MAX:
-            _LABEL_LEXEMES.clear()
         for r in await conn.fetch(
             "SELECT l, tsvector_to_array(to_tsvector('english', l)) AS lexemes FROM unnest($1::text[]) l", missing
         ):
@@ -255,7 +255,7 @@ async def pool_rows(
     if not ids:
         return {}
     params = SqlParams()
-    scope = read_scope(principal, params)
+    scope = scope_clause(principal.reads, params)
     id_list = params.add(ids)
     cosine = passage_cosine = "NULL::float8"
     if embedding is not None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import asyncpg
 
-from shared.domain.principal import Principal, SqlParams, write_scope
+from shared.domain.principal import Principal, SqlParams, scope_clause
 from shared.repositories import fragments as fragments_repo
 from shared.repositories import links as links_repo
 from shared.repositories.fragments import FRAGMENT_COLUMNS
@@ -27,7 +27,7 @@ async def lock_owned(conn: asyncpg.Connection, principal: Principal, fragment_id
     return await conn.fetchrow(
         f"""
         SELECT {FRAGMENT_COLUMNS}, f.content_hash, f.embedding FROM fragments f
-        WHERE f.id = {params.add(fragment_id)} AND {write_scope(principal, params)}
+        WHERE f.id = {params.add(fragment_id)} AND {scope_clause(principal.writes, params)}
         FOR UPDATE
         """,
         *params.values,
@@ -37,7 +37,7 @@ async def lock_owned(conn: asyncpg.Connection, principal: Principal, fragment_id
 async def owned_ids(conn: asyncpg.Connection, principal: Principal, ids: list[str]) -> set[str]:
     params = SqlParams()
     rows = await conn.fetch(
-        f"SELECT f.id FROM fragments f WHERE f.id = ANY({params.add(ids)}::text[]) AND {write_scope(principal, params)}",
+        f"SELECT f.id FROM fragments f WHERE f.id = ANY({params.add(ids)}::text[]) AND {scope_clause(principal.writes, params)}",
         *params.values,
     )
     return {r["id"] for r in rows}
@@ -88,7 +88,7 @@ async def supersede(conn: asyncpg.Connection, principal: Principal, new_id: str,
     rows = await conn.fetch(
         f"""
         UPDATE fragments f SET valid_to = now(), importance = f.importance / 2, superseded_by = {new}, updated_at = now()
-        WHERE f.id = ANY({ids}::text[]) AND f.id <> {new} AND f.valid_to IS NULL AND {write_scope(principal, params)}
+        WHERE f.id = ANY({ids}::text[]) AND f.id <> {new} AND f.valid_to IS NULL AND {scope_clause(principal.writes, params)}
         RETURNING f.id
         """,
         *params.values,
@@ -116,7 +116,7 @@ async def backprop_case(conn: asyncpg.Connection, principal: Principal, case_id:
         f"""
         UPDATE fragments f SET importance = {expr}, updated_at = now()
         WHERE f.case_id = {params.add(case_id)} AND f.id <> {params.add(exclude)} AND f.valid_to IS NULL
-          AND {write_scope(principal, params)}
+          AND {scope_clause(principal.writes, params)}
         """,
         *params.values,
     )

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncpg
 
-from shared.domain.principal import Principal, SqlParams, read_scope
+from shared.domain.principal import Principal, SqlParams, scope_clause
 
 
 async def list_topics(conn: asyncpg.Connection, principal: Principal, limit: int = 500) -> list[dict[str, object]]:
     params = SqlParams()
-    where = read_scope(principal, params)
+    where = scope_clause(principal.reads, params)
     rows = await conn.fetch(
         f"""
         SELECT f.topic, count(*) AS count FROM fragments f
