@@ -28,13 +28,14 @@ from services.common.internal import ToolContext
 from services.recall import meta as meta_mod
 from services.recall import render, service
 from services.recall.effects import SideEffects
-from services.recall.service import ReadResources, ReadSettings, recall
+from services.recall.service import ReadResources, recall
 from shared.db import create_pool
 from shared.domain.principal import Principal
 from shared.domain.tokens import TokenCounter
 from shared.embeddings import load_embedder, model_dir
 from shared.repositories import fragments as fragments_repo
 from shared.repositories import recall_views, retrieval
+from shared.settings import RecallSettings
 
 WARMUP = 30
 SUITES: dict[str, Callable[..., Any]] = {"text": text_queries, "keyword": keyword_queries, "filtered": filtered_queries}
@@ -68,7 +69,7 @@ def _instrument(timings: dict[str, list[float]]) -> None:
 async def run(database_url: str, redis_url: str, namespace: str, kind: str, count: int, seed: int) -> None:
     timings: dict[str, list[float]] = defaultdict(list)
     _instrument(timings)
-    settings = ReadSettings()
+    settings = RecallSettings()
     pool = await create_pool(
         database_url, min_size=2, max_size=4,
         session_sql=f"SET hnsw.iterative_scan = relaxed_order; SET hnsw.ef_search = {int(settings.hnsw_ef_search)}",

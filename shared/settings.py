@@ -140,6 +140,8 @@ class RecallSettings(CommonSettings):
     port: int = Field(57333, alias="PORT")
     hnsw_ef_search: int = Field(80, alias="HNSW_EF_SEARCH")
     l1_cache_ttl: timedelta = Field(timedelta(seconds=60), alias="L1_CACHE_TTL")
+    symbolic_explain: bool = Field(False, alias="MEMENTO_SYMBOLIC_EXPLAIN")
+    spreading_activation: bool = Field(False, alias="ENABLE_SPREADING_ACTIVATION")
 
 
 class IngestSettings(CommonSettings):

@@ -16,17 +16,18 @@ from services.common.heap import settle_heap
 from services.common.internal import install_internal_api
 from services.recall.api import router, tool_handlers
 from services.recall.effects import SideEffects
-from services.recall.service import ReadResources, ReadSettings
+from services.recall.service import ReadResources
 from shared.db import create_pool
 from shared.domain.keywords import korean_morphemes
 from shared.domain.tokens import TokenCounter
 from shared.embeddings import load_embedder, model_dir
 from shared.redis_breaker import request_path_redis
+from shared.settings import RecallSettings
 from shared.telemetry import configure_logging, configure_tracing
 
 
-def create_app(settings: ReadSettings | None = None) -> FastAPI:
-    settings = settings or ReadSettings()
+def create_app(settings: RecallSettings | None = None) -> FastAPI:
+    settings = settings or RecallSettings()
     configure_logging(settings.log_level)
     configure_tracing(settings.otel_service_name or "engram-recall", console=settings.otel_console)
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
-import time
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 import asyncpg
 import numpy as np
+from cachetools import TTLCache
 
 from services.recall.fusion import RM3_FEEDBACK, RM3_RESCORE, Pool, PoolRow, expansion, feedback_weights, fuse_ranked_lists, score
 from shared.domain.keywords import korean_morphemes
@@ -47,33 +48,30 @@ class DocumentFrequencies:
     """Per-process cache of term document frequencies by caller scope (owned by the app state)."""
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[str, str], tuple[float, int]] = {}
+        self._entries: TTLCache[tuple[str, str], int] = TTLCache(DF_CACHE_MAX, DF_TTL_S)
 
-    def get_many(self, scope: str, terms: list[str], now: float) -> dict[str, int]:
+    def get_many(self, scope: str, terms: list[str]) -> dict[str, int]:
         out = {}
         for term in terms:
-            hit = self._entries.get((scope, term))
-            if hit and now - hit[0] < DF_TTL_S:
-                out[term] = hit[1]
+            df = self._entries.get((scope, term))
+            if df is not None:
+                out[term] = df
         return out
 
-    def put(self, scope: str, dfs: dict[str, int], now: float) -> None:
-        if len(self._entries) > DF_CACHE_MAX:
-            self._entries.clear()
+    def put(self, scope: str, dfs: dict[str, int]) -> None:
         for term, df in dfs.items():
-            self._entries[(scope, term)] = (now, df)
+            self._entries[(scope, term)] = df
 
     async def lookup(
         self, conn: asyncpg.Connection, principal: Principal, corpus: FragmentFilter, terms: list[str]
     ) -> dict[str, int]:
         """Document frequencies of `terms` in the caller's corpus: cached ones, the rest counted."""
         scope = json.dumps([principal.key_id, principal.visible_key_ids, corpus.workspace], default=str)
-        now = time.monotonic()
-        dfs = self.get_many(scope, terms, now)
+        dfs = self.get_many(scope, terms)
         missing = [t for t in terms if t not in dfs]
         if missing:
             fresh = await retrieval.document_frequencies(conn, principal, corpus, missing)
-            self.put(scope, fresh, now)
+            self.put(scope, fresh)
             dfs.update(fresh)
         return dfs
 
@@ -216,7 +214,7 @@ async def layered_search(
     joined = 0
     for fid, (before, after) in around.items():
         run = [*reversed(before), fid, *after]
-        for left, right in zip(run, run[1:]):
+        for left, right in itertools.pairwise(run):
             adjacent(left, right)
         for near in before[:1] + after[:1]:
             if near not in candidates:
@@ -232,12 +230,12 @@ async def layered_search(
             r = rows.get(fid)
             if not layers & {"L2"} and (r is None or r.cosine is None or r.cosine < req.threshold):
                 candidates.pop(fid)
-    pool = Pool(candidates, {
-        fid: PoolRow(r.id, r.tf, r.dl, r.cosine, r.importance, r.activation, r.age_days,
-                     *(links.get(fid) or (None, None)), passage_cosine=r.passage_cosine,
-                     names_label=not stats.idf.keys().isdisjoint(r.label_lexemes))
-        for fid, r in rows.items()
-    }, avgdl)
+    pooled: dict[str, PoolRow] = {}
+    for fid, r in rows.items():
+        prev, nxt = links.get(fid) or (None, None)
+        pooled[fid] = PoolRow(r.id, r.tf, r.dl, r.cosine, r.importance, r.activation, r.age_days, prev, nxt,
+                              passage_cosine=r.passage_cosine, names_label=not stats.idf.keys().isdisjoint(r.label_lexemes))
+    pool = Pool(candidates, pooled, avgdl)
     hits = score(pool, stats.idf)
     closest = max((r.cosine for r in pool.rows.values() if r.cosine is not None), default=None)
     if _below_floor(req, closest, extras, pool):

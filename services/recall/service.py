@@ -10,13 +10,13 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 import asyncpg
 import numpy as np
-from pydantic import Field
+from cachetools import TTLCache
 from redis.exceptions import RedisError
 
 from services.common.internal import ToolContext, parse_arguments
@@ -33,14 +33,15 @@ from shared.embeddings import Embedder
 from shared.recall_cache import current_generation
 from shared.repositories import events as events_repo
 from shared.repositories import fragments as fragments_repo
-from shared.repositories import recall_views
-from shared.repositories import retrieval
+from shared.repositories import recall_views, retrieval
 from shared.settings import RecallSettings
 
 logger = logging.getLogger(__name__)
 
 # How long a scope's fragment count (BM25's N, the noisy-scope rule) is reused.
 SCOPE_TOTAL_TTL_S = 30.0
+# Scopes counted per process: one per (key, filter, newest seq) seen in the last 30 s.
+SCOPE_TOTALS_MAX = 10_000
 SEEN_KEY = "engram:context:seen:{session}"
 # Query embeddings kept per process (384 floats each: 1.5 MB).
 QUERY_VECTORS = 1024
@@ -50,20 +51,15 @@ SPREAD_TOP = 10
 SPREAD_ACTIVATION = 0.05
 
 
-class ReadSettings(RecallSettings):
-    symbolic_explain: bool = Field(False, alias="MEMENTO_SYMBOLIC_EXPLAIN")
-    spreading_activation: bool = Field(False, alias="ENABLE_SPREADING_ACTIVATION")
-
-
 @dataclass
 class ReadResources:
     pool: asyncpg.Pool
     embedder: Embedder
     tokens: TokenCounter
-    settings: ReadSettings
+    settings: RecallSettings
     effects: SideEffects
     redis: Any | None = None
-    _totals: dict[str, tuple[float, int]] = field(default_factory=dict)
+    _totals: TTLCache[str, int] = field(default_factory=lambda: TTLCache(SCOPE_TOTALS_MAX, SCOPE_TOTAL_TTL_S))
     df_cache: DocumentFrequencies = field(default_factory=DocumentFrequencies)
 
     # L1 writes in flight (held so they are not collected before they finish).
@@ -82,22 +78,19 @@ class ReadResources:
         """Fragments in the caller's filtered scope; reused while nothing new was stored in it
         (`latest` is the scope's newest seq) for up to SCOPE_TOTAL_TTL_S (deletions)."""
         key = json.dumps([ctx.principal.key_id, ctx.principal.visible_key_ids, flt.__dict__, latest], default=str, sort_keys=True)
-        now = time.monotonic()
         cached = self._totals.get(key)
-        if cached and now - cached[0] < SCOPE_TOTAL_TTL_S:
-            return cached[1]
+        if cached is not None:
+            return cached
         total = await retrieval.count_in_scope(conn, ctx.principal, flt)
-        if len(self._totals) > 10_000:
-            self._totals.clear()
-        self._totals[key] = (now, total)
+        self._totals[key] = total
         return total
 
 
 def build_filter(args: RecallArgs, ctx: ToolContext) -> FragmentFilter:
     types: tuple[str, ...] | None = (args.type,) if args.type else None
-    if args.depth and DEPTH_TYPES[args.depth] is not None:
-        depth_types = DEPTH_TYPES[args.depth]
-        types = tuple(t for t in (types or depth_types) if t in depth_types)  # type: ignore[union-attr]
+    depth_types = DEPTH_TYPES[args.depth] if args.depth else None
+    if depth_types is not None:
+        types = tuple(t for t in (types or depth_types) if t in depth_types)
     affects = (args.affect,) if isinstance(args.affect, str) else (tuple(args.affect) if args.affect else None)
     as_of = parse_bound("asOf", args.asOf, end=True) if args.asOf else None
     time_from = parse_bound("timeRange.from", args.timeRange.from_, end=False) if args.timeRange else None
@@ -170,6 +163,8 @@ def _cache_key(generation: str, ctx: ToolContext, args: RecallArgs, flt: Fragmen
 
 
 async def _cache_get(res: ReadResources, conn: asyncpg.Connection, key: str, latest: int) -> dict[str, Any] | None:
+    if res.redis is None:
+        return None
     try:
         raw = await res.redis.get(key)
     except RedisError:
@@ -187,6 +182,8 @@ async def _cache_get(res: ReadResources, conn: asyncpg.Connection, key: str, lat
 
 
 async def _cache_put(res: ReadResources, key: str, body: dict[str, Any]) -> None:
+    if res.redis is None:
+        return
     try:
         await res.redis.set(key, json.dumps(body, default=str), ex=int(res.settings.l1_cache_ttl.total_seconds()))
     except RedisError:
@@ -265,7 +262,7 @@ async def recall(res: ReadResources, ctx: ToolContext, arguments: dict[str, Any]
             query_text=args.text, keywords=sorted(k.lower() for k in args.keywords) if args.keywords else None,
             filters={k: v for k, v in arguments.items() if k not in ("text", "keywords")},
             result_ids=returned, search_path=body["searchPath"], latency_ms=latency_ms,
-        ) | {"at": datetime.now(timezone.utc).isoformat()},
+        ) | {"at": datetime.now(UTC).isoformat()},
         "accessed": returned,
         "activate": activate,
     })
@@ -281,7 +278,7 @@ async def _search(
     res: ReadResources, conn: asyncpg.Connection, ctx: ToolContext, args: RecallArgs, flt: FragmentFilter,
     seen_pages: tuple[str, ...], explain: bool, activate: dict[str, float], latest: int,
 ) -> dict[str, Any]:
-    cached_at = datetime.now(timezone.utc)
+    cached_at = datetime.now(UTC)
     keywords = list(args.keywords or [])
     semantic_text = args.text or " ".join([*keywords, args.contextText or ""]).strip()
     vector = asyncio.ensure_future(res.embed_query(semantic_text)) if semantic_text else None
