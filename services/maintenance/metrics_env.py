@@ -1,7 +1,12 @@
 """Prometheus multiprocess mode for the worker: imported first by celery_app, before
 anything imports prometheus_client, so every pool process writes its samples to one
 directory that the worker's /metrics endpoint aggregates (a forked child's in-memory
-counters would otherwise be invisible to the parent's HTTP server)."""
+counters would otherwise be invisible to the parent's HTTP server).
+
+It touches os.environ directly, not through shared/settings.py, on purpose:
+PROMETHEUS_MULTIPROC_DIR is not one of our settings but prometheus_client's own switch, which
+that library reads from the environment when it is imported; this module writes it there for
+the library and for the pool processes the worker forks."""
 
 from __future__ import annotations
 

@@ -83,6 +83,7 @@ def _retried(sender: Any = None, **_: Any) -> None:
 @worker_init.connect
 def _serve_metrics(**_: Any) -> None:
     port = MaintenanceSettings().worker_metrics_port
+    # prometheus_client's own switch (set by metrics_env for `celery worker`), not a setting.
     if not port or not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         return
     registry = CollectorRegistry()
