@@ -20,15 +20,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.common.rpc import SERVICE_TOKEN_HEADER
 from shared.contract.base import problems
+from shared.db import ping
 from shared.domain.errors import EngramError, InvalidParams
 from shared.domain.principal import Principal
 from shared.telemetry import CORRELATION_HEADER, correlation_id, extract_context, new_correlation_id
-from shared.db import ping
 
 logger = logging.getLogger(__name__)
 
-SERVICE_TOKEN_HEADER = "x-engram-service-token"
 
 HTTP_REQUESTS = Counter("engram_http_requests_total", "HTTP requests served", ["service", "route", "status"])
 HTTP_LATENCY = Histogram(
@@ -68,7 +68,7 @@ def database_health(service: str) -> Callable[[Request], Awaitable[JSONResponse]
     async def health(request: Request) -> JSONResponse:
         try:
             await ping(request.app.state.resources.pool)
-        except Exception as exc:  # top-level health probe: any failure means "not ready"
+        except Exception as exc:  # noqa: BLE001 - top-level health probe: any failure means "not ready"
             return JSONResponse({"status": "degraded", "database": f"error: {exc.__class__.__name__}"}, status_code=503)
         return JSONResponse({"status": "healthy", "service": service, "database": "ok"})
 
@@ -171,7 +171,8 @@ def install_internal_api(
             result, is_error = await handler(request, ctx, body.arguments)
         except EngramError as exc:
             TOOL_CALLS.labels(service, name, "error").inc()
-            logger.info("tool %s error %s in %.1f ms (key %s)", name, exc.code, (time.perf_counter() - started) * 1000, ctx.principal.key_id)
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            logger.info("tool %s error %s in %.1f ms (key %s)", name, exc.code, elapsed_ms, ctx.principal.key_id)
             raise
         outcome = "tool_error" if is_error else "ok"
         TOOL_CALLS.labels(service, name, outcome).inc()

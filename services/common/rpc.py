@@ -25,13 +25,15 @@ from typing import Any, Literal
 import httpx2
 from cachetools import TTLCache
 
-from services.common.internal import SERVICE_TOKEN_HEADER
 from shared.domain.errors import EngramError, InvalidParams, PolicyViolation, Unavailable
 from shared.domain.principal import Principal
 from shared.telemetry import inject_headers
 
 logger = logging.getLogger(__name__)
 
+# The shared secret's header, checked by the server side (services/common/internal.py). Named
+# here, in the module without a web framework, so the Celery worker can call without one.
+SERVICE_TOKEN_HEADER = "x-engram-service-token"  # noqa: S105 - a header name, not a secret
 # A replica that does not accept the connection within this long is skipped for the next.
 CONNECT_SECONDS = 2.0
 # A replica that is refused at once costs nothing; one that does not answer its /health within
