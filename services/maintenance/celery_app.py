@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from services.maintenance import metrics_env  # noqa: F401  (before prometheus_client loads)
+# isort: off
+# First: it must set prometheus_client's multiprocess directory before anything imports it.
+from services.maintenance import metrics_env  # noqa: F401
+# isort: on
 
-from celery import Celery  # noqa: E402
-from kombu import Queue  # noqa: E402
+from celery import Celery
+from kombu import Queue
 
-from shared.jobs import QUEUE_BATCH, QUEUE_MAINTENANCE  # noqa: E402
-from shared.settings import MaintenanceSettings  # noqa: E402
+from shared.jobs import QUEUE_BATCH, QUEUE_MAINTENANCE
+from shared.settings import MaintenanceSettings
 
 settings = MaintenanceSettings()
 
@@ -32,7 +35,10 @@ def beat_schedule(s: MaintenanceSettings) -> dict[str, dict]:
     return schedule
 
 
-app = Celery("engram", broker=settings.broker_url or settings.redis_url, include=["services.maintenance.tasks", "services.maintenance.batch_worker"])
+app = Celery(
+    "engram", broker=settings.broker_url or settings.redis_url,
+    include=["services.maintenance.tasks", "services.maintenance.batch_worker"],
+)
 app.conf.update(
     task_default_queue=QUEUE_MAINTENANCE,
     task_queues=(Queue(QUEUE_MAINTENANCE), Queue(QUEUE_BATCH)),
