@@ -59,7 +59,7 @@ def generation_names(principal: Principal) -> list[str]:
     if principal.is_master:
         return [EPOCH, MASTER_VIEW]
     visible = principal.visible_key_ids or (principal.key_id,)
-    return [EPOCH, *(key_generation_name(k) for k in sorted(set(visible)) if k)]
+    return [EPOCH, *(key_generation_name(k) for k in sorted({k for k in visible if k}))]
 
 
 async def current_generation(redis: Any, principal: Principal) -> str:

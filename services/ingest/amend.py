@@ -90,7 +90,8 @@ async def _case_events(conn: asyncpg.Connection, principal: Principal, row: asyn
         return []
     events: list[tuple[str, str]] = []
     if "assertion_status" in changes and changes["assertion_status"] in ASSERTION_EVENTS:
-        events.append((ASSERTION_EVENTS[changes["assertion_status"]], f"assertion {row['assertion_status']} -> {changes['assertion_status']}"))
+        summary = f"assertion {row['assertion_status']} -> {changes['assertion_status']}"
+        events.append((ASSERTION_EVENTS[changes["assertion_status"]], summary))
     if "resolution_status" in changes and changes["resolution_status"] in RESOLUTION_EVENTS:
         summary = changes.get("outcome") or row["outcome"] or f"resolution {row['resolution_status']} -> resolved"
         events.append((RESOLUTION_EVENTS[changes["resolution_status"]], summary))
@@ -159,7 +160,8 @@ def _successor(row: asyncpg.Record, changes: dict[str, Any], principal: Principa
     return frag.NewFragment(
         id=frag.new_fragment_id(), content=state["content"], topic=state["topic"], type=state["type"],
         keywords=list(state["keywords"]), importance=float(state["importance"]), content_hash=state["content_hash"],
-        embedding=state["embedding"], passage_embeddings=state.get("passage_embeddings"), source=state["source"], scope=state["scope"], is_anchor=state["is_anchor"],
+        embedding=state["embedding"], passage_embeddings=state.get("passage_embeddings"),
+        source=state["source"], scope=state["scope"], is_anchor=state["is_anchor"],
         ttl_tier=state["ttl_tier"], key_id=row["key_id"], workspace=state["workspace"],
         workspace_source=state["workspace_source"], agent_id=state["agent_id"], session_id=state["session_id"],
         case_id=state["case_id"], goal=state["goal"], outcome=state["outcome"], phase=state["phase"],

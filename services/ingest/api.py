@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -15,21 +16,27 @@ from services.ingest import reflect as reflect_tool
 from services.ingest import remember as remember_tool
 from services.ingest import transfer as transfer_tool
 from services.ingest.admin_tools import TOOL_HANDLERS as ADMIN_TOOL_HANDLERS
-from services.ingest.service import after_commit, invalidate_recall_cache
+from services.ingest.service import WriteResources, after_commit, invalidate_recall_cache
+from shared.jobs import JobBuffer
+
+ToolResult = tuple[dict[str, Any], bool]
+Handler = Callable[[Request, ToolContext, dict[str, Any]], Awaitable[ToolResult]]
+WriteTool = Callable[[WriteResources, JobBuffer, ToolContext, dict[str, Any]], Awaitable[ToolResult]]
+PlainTool = Callable[[WriteResources, ToolContext, dict[str, Any]], Awaitable[ToolResult]]
 
 router = APIRouter()
 router.add_api_route("/health", database_health("ingest"), methods=["GET"])
 
 
-def _wrote(result: tuple[dict[str, Any], bool], arguments: dict[str, Any]) -> bool:
+def _wrote(result: ToolResult, arguments: dict[str, Any]) -> bool:
     return not result[1] and not arguments.get("dryRun") and not result[0].get("async")
 
 
-def _with_jobs(tool):  # type: ignore[no-untyped-def]
+def _with_jobs(tool: WriteTool) -> Handler:
     """Run a write tool with a job buffer that is flushed only after it has committed, then
     invalidate the recall cache it may have made stale."""
 
-    async def handler(request: Request, ctx: ToolContext, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+    async def handler(request: Request, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
         res = request.app.state.resources
         jobs = res.job_buffer()
         result = await tool(res, jobs, ctx, arguments)
@@ -41,8 +48,8 @@ def _with_jobs(tool):  # type: ignore[no-untyped-def]
     return handler
 
 
-def _plain(tool, writes: bool = False):  # type: ignore[no-untyped-def]
-    async def handler(request: Request, ctx: ToolContext, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+def _plain(tool: PlainTool, writes: bool = False) -> Handler:
+    async def handler(request: Request, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
         res = request.app.state.resources
         result = await tool(res, ctx, arguments)
         if writes and _wrote(result, arguments):

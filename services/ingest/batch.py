@@ -14,7 +14,7 @@ from services.ingest.service import QUOTA_EXCEEDED, TOO_SHORT, Screening, WriteR
 from shared.contract.base import problems
 from shared.contract.write import BatchRememberArgs, BatchStatusArgs, RememberArgs
 from shared.domain import fragment as frag
-from shared.domain.errors import InvalidParams
+from shared.domain.errors import InvalidParams, Unavailable
 from shared.domain.principal import Principal
 from shared.domain.secrets import screen_value
 from shared.jobs import QUEUE_BATCH, JobBuffer
@@ -90,7 +90,7 @@ async def _store(conn: asyncpg.Connection, principal: Principal, planned: Planne
     lost = [key for key, _ in claims if key not in won]
     if lost:  # a concurrent call (or an earlier attempt) stored these already
         earlier = await idempotency_repo.lookup(conn, principal.key_id, lost)
-        for i, f, key in planned:
+        for i, _f, key in planned:
             if key in earlier:
                 results[i] = _ok(i, earlier[key], idempotent=True)
         fresh = [(i, f, key) for i, f, key in fresh if key not in earlier]
@@ -177,7 +177,8 @@ async def store_batch(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, ar
 async def _queue_batch(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, args: BatchRememberArgs) -> dict[str, Any] | None:
     """seed async=true: validate, de-duplicate and check quota now; queue what passes."""
     queue = res.batch_queue()
-    assert queue is not None
+    if queue is None:  # the caller routes async batches here only when Redis is configured
+        raise Unavailable("async batch_remember needs Redis; it is not configured")
     results: list[dict[str, Any] | None] = [None] * len(args.fragments)
     planned = plan_items(res, ctx, args, results)
     principal = ctx.principal

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import logging
 import random
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from redis.exceptions import RedisError
 
 from services.ingest.service import WriteResources
-from shared.domain.server_time import server_time  # noqa: F401 (re-exported)
+from shared.domain.server_time import server_time
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ async def _admit(res: WriteResources, session_id: str | None) -> bool:
     key = _KEY.format(session=session_id)
     s = res.settings
     cooldown_ms = int(s.feedback_cooldown.total_seconds() * 1000)
-    now_ms = int(datetime.now(timezone.utc).timestamp() * 1000)
+    now_ms = int(datetime.now(UTC).timestamp() * 1000)
     try:
         count, last = await res.redis.hmget(key, "count", "last_ms")
         if count is not None and int(count) >= s.feedback_max_per_session:

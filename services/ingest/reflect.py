@@ -9,7 +9,7 @@ from typing import Any
 from services.common.internal import ToolContext, parse_arguments
 from services.ingest import batch
 from services.ingest.service import Screening, WriteResources, build_fragment
-from shared.contract.write import RememberArgs, ReflectArgs
+from shared.contract.write import ReflectArgs, RememberArgs
 from shared.domain import fragment as frag
 from shared.domain.errors import InvalidParams
 from shared.domain.reflection import CATEGORIES, REFLECT_TOPIC, narrative_from_summary, normalise_task_effectiveness
@@ -62,7 +62,7 @@ async def reflect(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, argume
     def plan(group: Group, category: str | None, ftype: str, content: str, keywords: list[str]) -> None:
         # seed workspace precedence: the argument, else the group's own, else the key default, else NULL.
         parsed = RememberArgs(
-            content=content[: frag.MAX_CONTENT_CHARS], topic=REFLECT_TOPIC, type=ftype,  # type: ignore[arg-type]
+            content=content[: frag.MAX_CONTENT_CHARS], topic=REFLECT_TOPIC, type=ftype,
             keywords=keywords, workspace=args.workspace or group.workspace, sessionId=session_id,
             caseId=group.case_id, agentId=args.agentId, source="reflect",
         )
@@ -86,7 +86,7 @@ async def reflect(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, argume
 
     flat = [(g, category, f) for g in groups for category, f in g.planned]
     results: list[dict[str, Any] | None] = [None] * len(flat)
-    planned = [(i, f, None) for i, (_, _, f) in enumerate(flat)]
+    planned: batch.Planned = [(i, f, None) for i, (_, _, f) in enumerate(flat)]
     task_feedback_id = None
     if planned:
         await res.embed_fragments([f for _, f, _ in planned])

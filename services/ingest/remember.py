@@ -50,7 +50,9 @@ async def _link_to(conn: asyncpg.Connection, principal: Principal, new_id: str, 
     return linked
 
 
-def policy_warnings(res: WriteResources, args: RememberArgs, f: frag.NewFragment, conflicts: list[dict[str, Any]], principal: Principal) -> list[str]:
+def policy_warnings(
+    res: WriteResources, args: RememberArgs, f: frag.NewFragment, conflicts: list[dict[str, Any]], principal: Principal
+) -> list[str]:
     warnings: list[str] = []
     if res.settings.symbolic_policy_rules:
         subject = policy.PolicySubject(

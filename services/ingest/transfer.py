@@ -125,7 +125,9 @@ def _owner(args: ImportArgs, item: Any) -> str | None:
     return item.get("key_id") if isinstance(item, dict) else None
 
 
-async def import_fragments(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+async def import_fragments(
+    res: WriteResources, jobs: JobBuffer, ctx: ToolContext, arguments: dict[str, Any]
+) -> tuple[dict[str, Any], bool]:
     if not ctx.principal.is_master:
         raise PermissionDenied("admin_import needs the master key")
     args: ImportArgs = parse_arguments(ImportArgs, arguments)

@@ -63,32 +63,32 @@ class SideEffects:
         task.add_done_callback(self._tasks.discard)
 
     async def _apply(self, effects: list[dict[str, Any]]) -> None:
-        async with self._pool.acquire() as conn:
-            async with conn.transaction():
-                await events_repo.apply_recall_effects(conn, effects)
+        async with self._pool.acquire() as conn, conn.transaction():
+            await events_repo.apply_recall_effects(conn, effects)
 
     async def drain_once(self, wait: float = 1.0) -> int:
         """Move one batch to this replica's processing list, apply it, drop it; with the
         queue empty, wait `wait` seconds and return 0."""
-        assert self._redis is not None
+        if self._redis is None:  # without Redis every effect is applied in process (apply())
+            return 0
         async with self._lock:
-            drained = await self._drain_locked()
+            drained = await self._drain_locked(self._redis)
         if not drained:
             await asyncio.sleep(wait)
         return drained
 
-    async def _drain_locked(self) -> int:
-        first = await self._redis.lmove(QUEUE, self._processing, "RIGHT", "LEFT")
+    async def _drain_locked(self, redis: Any) -> int:
+        first = await redis.lmove(QUEUE, self._processing, "RIGHT", "LEFT")
         if first is None:
             return 0
-        pipe = self._redis.pipeline(transaction=False)
+        pipe = redis.pipeline(transaction=False)
         for _ in range(BATCH - 1):
             pipe.lmove(QUEUE, self._processing, "RIGHT", "LEFT")
         moved = [m for m in await pipe.execute() if m is not None]
-        return await self._flush_processing(1 + len(moved))
+        return await self._flush_processing(redis, 1 + len(moved))
 
-    async def _flush_processing(self, expected: int | None = None) -> int:
-        raw = await self._redis.lrange(self._processing, 0, -1)
+    async def _flush_processing(self, redis: Any, expected: int | None = None) -> int:
+        raw = await redis.lrange(self._processing, 0, -1)
         if not raw:
             return 0
         effects = []
@@ -103,7 +103,7 @@ class SideEffects:
             except asyncpg.DataError:
                 # A malformed batch would block the queue forever: log it and move on.
                 logger.exception("dropping %d recall effects that cannot be applied", len(effects))
-        await self._redis.ltrim(self._processing, len(raw), -1)
+        await redis.ltrim(self._processing, len(raw), -1)
         return len(raw)
 
     async def flush(self) -> None:
@@ -121,17 +121,18 @@ class SideEffects:
 
     async def run(self) -> None:
         """The drainer loop of this replica; replays its own unfinished batch first."""
-        if self._redis is None:
+        redis = self._redis
+        if redis is None:
             return
         failures = 0
         while not self._stopping.is_set():
             try:
                 async with self._lock:
-                    await self._flush_processing()
+                    await self._flush_processing(redis)
                 beats = 0
                 while not self._stopping.is_set():
                     if beats % 40 == 0:  # every ~10 s when idle
-                        await self._heartbeat_and_adopt()
+                        await self._heartbeat_and_adopt(redis)
                     beats += 1
                     if 0 < await self.drain_once(wait=0.25) < BATCH:
                         await asyncio.sleep(COALESCE_S)
@@ -144,15 +145,15 @@ class SideEffects:
                     logger.exception("recall effects drainer failed; retrying")
                 await asyncio.sleep(min(RETRY_MAX_S, float(failures)))
 
-    async def _heartbeat_and_adopt(self) -> None:
-        await self._redis.set(ALIVE.format(replica=self._replica), "1", ex=HEARTBEAT_TTL_S)
-        async for name in self._redis.scan_iter(match=f"{QUEUE}:processing:*", count=100):
-            name = name.decode() if isinstance(name, bytes) else name
+    async def _heartbeat_and_adopt(self, redis: Any) -> None:
+        await redis.set(ALIVE.format(replica=self._replica), "1", ex=HEARTBEAT_TTL_S)
+        async for raw in redis.scan_iter(match=f"{QUEUE}:processing:*", count=100):
+            name = raw.decode() if isinstance(raw, bytes) else raw
             owner = name.rsplit(":", 1)[-1]
-            if name == self._processing or await self._redis.exists(ALIVE.format(replica=owner)):
+            if name == self._processing or await redis.exists(ALIVE.format(replica=owner)):
                 continue
             moved = 0
-            while await self._redis.lmove(name, QUEUE, "RIGHT", "LEFT") is not None:
+            while await redis.lmove(name, QUEUE, "RIGHT", "LEFT") is not None:
                 moved += 1
             if moved:
                 logger.warning("re-queued %d recall effects left by replica %s", moved, owner)

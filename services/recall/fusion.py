@@ -6,7 +6,8 @@ neighbouring turns' term counts, so an answer split over two adjacent turns stil
 and a semantic one: its cosine to the query, 0.3 of it its best passage's
 (shared.domain.passages). Both are z-scored over the pool and mixed evenly; a candidate then
 borrows from its better neighbouring turn; a query naming its label (speaker or subject)
-adds a bounded field bonus, and importance, activation and recency small bounded terms. One round of RM3 pseudo-relevance feedback (Lavrenko & Croft 2001;
+adds a bounded field bonus, and importance, activation and recency small bounded terms. One
+round of RM3 pseudo-relevance feedback (Lavrenko & Croft 2001;
 Abdul-Jaleel et al. 2004) adds the ten terms that best characterise the first ranking's top
 hits and rescores the same pool, the expansion counted for the first ranking's head only.
 
@@ -110,6 +111,11 @@ def _bm25(tf: np.ndarray, dl: np.ndarray, idf: np.ndarray, avgdl: float) -> np.n
     return ((tf * (BM25_K1 + 1)) / (tf + norm[:, None] + 1e-12) * idf[None, :]).sum(axis=1)
 
 
+def _index(at: dict[str, int], fid: str | None) -> int:
+    """A pooled neighbour's row, or -1 (the appended zero row) when it has none in the pool."""
+    return at.get(fid, -1) if fid else -1
+
+
 def _z(x: np.ndarray) -> np.ndarray:
     sd = x.std()
     return (x - x.mean()) / (sd if sd > 1e-12 else 1.0)
@@ -133,8 +139,8 @@ def score(pool: Pool, idf: dict[str, float]) -> list[RankedHit]:
                 tf[k, j] = n
     dl = np.array([rows[fid].dl for fid in ids], dtype=float)
     # A missing neighbour is index -1: the appended zero row (or -inf for borrowing).
-    prev = np.array([at.get(rows[fid].prev, -1) if rows[fid].prev else -1 for fid in ids], dtype=int)
-    nxt = np.array([at.get(rows[fid].next, -1) if rows[fid].next else -1 for fid in ids], dtype=int)
+    prev = np.array([_index(at, rows[fid].prev) for fid in ids], dtype=np.int64)
+    nxt = np.array([_index(at, rows[fid].next) for fid in ids], dtype=np.int64)
     tf0 = np.vstack([tf, np.zeros((1, len(terms)))])
     dl0 = np.append(dl, 0.0)
     own = _bm25(tf, dl, weights, pool.avgdl)
@@ -152,11 +158,11 @@ def score(pool: Pool, idf: dict[str, float]) -> list[RankedHit]:
     borrowed = np.maximum(np.maximum(base0[prev], base0[nxt]), 0.0)
     hits = []
     for fid, layers in pool.candidates.items():
-        k = at.get(fid)
-        if k is None:
+        row = at.get(fid)
+        if row is None:
             continue
         r = rows[fid]
-        s = base[k] + NEIGHBOUR_WEIGHT * borrowed[k]
+        s = base[row] + NEIGHBOUR_WEIGHT * borrowed[row]
         s += LABEL_WEIGHT * r.names_label
         s += IMPORTANCE_WEIGHT * r.importance + ACTIVATION_WEIGHT * min(max(r.activation, 0.0), 1.0)
         s += RECENCY_WEIGHT * 0.5 ** (max(r.age_days, 0.0) / RECENCY_HALF_LIFE_DAYS)

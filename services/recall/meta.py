@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
 from redis.exceptions import RedisError
 
 from shared.domain.principal import Principal
+from shared.domain.server_time import server_time  # noqa: F401 (re-exported)
 from shared.repositories import events as events_repo
 from shared.repositories import recall_views
-from shared.domain.server_time import server_time  # noqa: F401 (re-exported)
 
 # suggestion no_type_filter_noisy: a key scope with more fragments than this.
 NOISY_SCOPE = 100
@@ -79,7 +79,7 @@ async def hints(
             "trigger": "amend",
             "pairs": [list(p) for p in contradictions[:5]],
         })
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
 
     def age(value: str | None) -> float:
         return (now - datetime.fromisoformat(value)).days if value else float("inf")
@@ -113,7 +113,8 @@ async def suggestion(
                 "recommendedTool": "graph_explore"}
     if result_count == 0 and not context_text:
         return {"code": "empty_result_no_context",
-                "message": "결과가 없습니다. contextText 파라미터로 현재 맥락을 전달하면 SpreadingActivation이 관련 파편을 선제 활성화합니다.",
+                "message": "결과가 없습니다. contextText 파라미터로 현재 맥락을 전달하면 "
+                           "SpreadingActivation이 관련 파편을 선제 활성화합니다.",
                 "recommendedTool": "recall", "recommendedArgs": {"contextText": "현재 작업 맥락 요약"}}
     # large_limit_no_budget: recall's page-size parameter is pageSize, not limit (seed: "현재 이
     # 규칙은 발화하지 않는다"), so the rule is evaluated and never holds.

@@ -116,9 +116,9 @@ async def stitch(
     for f in top:
         sides = around.get(f["id"], {"pre": [], "post": []})
         causal = [
-            {"id": l["id"], "relation_type": l["relation_type"], "direction": l["direction"],
-             "content": l["content"][:LINK_PREVIEW_CHARS]}
-            for l in causal_links.get(f["id"], []) if l["relation_type"] in recall_views.CAUSAL_RELATIONS
+            {"id": link["id"], "relation_type": link["relation_type"], "direction": link["direction"],
+             "content": link["content"][:LINK_PREVIEW_CHARS]}
+            for link in causal_links.get(f["id"], []) if link["relation_type"] in recall_views.CAUSAL_RELATIONS
         ]
         if not sides["pre"] and not sides["post"] and not causal:
             continue

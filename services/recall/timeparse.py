@@ -7,7 +7,7 @@ span's start and `to` its end. Anything else is -32602 naming the parameter.
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 from shared.domain.errors import InvalidParams
@@ -23,7 +23,9 @@ _UNITS = {
     "year": timedelta(days=365), "년": timedelta(days=365),
 }
 _AGO = re.compile(r"^(\d+)\s*(minute|min|hour|day|week|month|year|분|시간|일|주일|주|개월|달|년)s?\s*(ago|전)$")
-_LAST_N = re.compile(r"^(?:last|past|최근|지난)\s*(\d+)\s*(minute|min|hour|day|week|month|year|분|시간|일|주일|주|개월|달|년)s?(?:\s*간|\s*동안)?$")
+_LAST_N = re.compile(
+    r"^(?:last|past|최근|지난)\s*(\d+)\s*(minute|min|hour|day|week|month|year|분|시간|일|주일|주|개월|달|년)s?(?:\s*간|\s*동안)?$"
+)
 
 
 def _day_start(moment: datetime) -> datetime:
@@ -32,7 +34,7 @@ def _day_start(moment: datetime) -> datetime:
 
 def phrase_span(phrase: str, now: datetime | None = None) -> tuple[datetime, datetime] | None:
     """The [start, end] a phrase names, in the server's reference zone (KST), or None."""
-    now = (now or datetime.now(timezone.utc)).astimezone(KST)
+    now = (now or datetime.now(UTC)).astimezone(KST)
     p = re.sub(r"\s+", " ", phrase.strip().lower())
     today = _day_start(now)
     week = today - timedelta(days=today.weekday())
@@ -64,7 +66,7 @@ def parse_bound(name: str, value: str | None, *, end: bool, now: datetime | None
         return None
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
     except ValueError:
         pass
     span = phrase_span(value, now)

@@ -16,7 +16,12 @@ from services.recall.render import base_fragment, iso
 from services.recall.service import SEEN_KEY, ReadResources
 from services.recall.timeparse import parse_bound
 from shared.contract.read import (
-    ContextArgs, FragmentHistoryArgs, GraphExploreArgs, MemoryStatsArgs, ReconstructHistoryArgs, SearchTracesArgs,
+    ContextArgs,
+    FragmentHistoryArgs,
+    GraphExploreArgs,
+    MemoryStatsArgs,
+    ReconstructHistoryArgs,
+    SearchTracesArgs,
     ToolFeedbackArgs,
 )
 from shared.domain.errors import InvalidParams
@@ -60,9 +65,11 @@ async def context(res: ReadResources, ctx: ToolContext, arguments: dict[str, Any
     session_id = args.sessionId or ctx.session_id
     async with res.pool.acquire() as conn:
         core = await history_repo.core_memory(conn, ctx.principal, types=types, workspace=workspace, agent_id=args.agentId, limit=100)
-        session = {"working": [], "reflections": []}
+        session: dict[str, list[Any]] = {"working": [], "reflections": []}
         if session_id:
-            session = await history_repo.session_fragments(conn, ctx.principal, session_id=session_id, reflect_topic=REFLECT_TOPIC, limit=50)
+            session = await history_repo.session_fragments(
+                conn, ctx.principal, session_id=session_id, reflect_topic=REFLECT_TOPIC, limit=50
+            )
         unreflected = await history_repo.unreflected_sessions(conn, ctx.principal, session_id)
         names = {}
         if args.includeKeyName:
@@ -128,8 +135,8 @@ async def context(res: ReadResources, ctx: ToolContext, arguments: dict[str, Any
     result: dict[str, Any] = {"success": True, "count": len(picked), "totalTokens": used}
     if args.structured:
         tree: dict[str, Any] = {"core": {t: [] for t in types}, "working": [], "session_reflect": []}
-        for frag in picked:
-            frag = {k: v for k, v in frag.items() if k not in ("memory", "key_id", "key_name")} | {"memory": frag["memory"]}
+        for row in picked:
+            frag = {k: v for k, v in row.items() if k not in ("memory", "key_id", "key_name")} | {"memory": row["memory"]}
             if frag["memory"] == "core":
                 tree["core"].setdefault(frag["type"], []).append(frag)
             else:
@@ -188,8 +195,8 @@ async def reconstruct_history(res: ReadResources, ctx: ToolContext, arguments: d
         for r in rows
     ]
     chains = _causal_chains(links, by_id)
-    resolved = {l["from_id"] for l in links if l["relation_type"] == "resolved_by"} | {
-        l["to_id"] for l in links if l["relation_type"] == "resolved_by" and by_id.get(l["from_id"], {}).get("type") != "error"
+    resolved = {link["from_id"] for link in links if link["relation_type"] == "resolved_by"} | {
+        link["to_id"] for link in links if link["relation_type"] == "resolved_by" and by_id.get(link["from_id"], {}).get("type") != "error"
     }
     unresolved = [
         {"id": r["id"], "content": r["content"], "type": r["type"], "created_at": iso(r["created_at"]),
@@ -225,9 +232,9 @@ def _causal_chains(links: list[asyncpg.Record], by_id: dict[str, asyncpg.Record]
             x = parent[x]
         return x
 
-    edges = [l for l in links if l["relation_type"] in ("caused_by", "resolved_by")]
-    for l in edges:
-        parent[find(l["from_id"])] = find(l["to_id"])
+    edges = [link for link in links if link["relation_type"] in ("caused_by", "resolved_by")]
+    for link in edges:
+        parent[find(link["from_id"])] = find(link["to_id"])
     groups: dict[str, list[str]] = {}
     for node in parent:
         groups.setdefault(find(node), []).append(node)
@@ -237,8 +244,8 @@ def _causal_chains(links: list[asyncpg.Record], by_id: dict[str, asyncpg.Record]
         chains.append({
             "fragments": [{"id": i, "type": by_id[i]["type"], "content": by_id[i]["content"]} for i in ordered],
             "links": [
-                {"from": l["from_id"], "to": l["to_id"], "relation_type": l["relation_type"]}
-                for l in edges if l["from_id"] in members
+                {"from": link["from_id"], "to": link["to_id"], "relation_type": link["relation_type"]}
+                for link in edges if link["from_id"] in members
             ],
         })
     return chains
@@ -253,7 +260,10 @@ async def graph_explore(res: ReadResources, ctx: ToolContext, arguments: dict[st
         if start is None or (args.agentId and start["agent_id"] != args.agentId):
             return _not_found("Fragment")
         neighbours = await history_repo.causal_neighbours(conn, ctx.principal, args.startId)
-    causes, effects, resolutions, resolves = [], [], [], []
+    causes: list[dict[str, Any]] = []
+    effects: list[dict[str, Any]] = []
+    resolutions: list[dict[str, Any]] = []
+    resolves: list[dict[str, Any]] = []
     for r in neighbours:
         node = {"id": r["id"], "content": r["content"], "type": r["type"], "topic": r["topic"],
                 "created_at": iso(r["created_at"]), "relation_type": r["relation_type"], "direction": r["direction"],
@@ -332,31 +342,30 @@ async def tool_feedback(res: ReadResources, ctx: ToolContext, arguments: dict[st
     # The search event may still be in the deferred-effects queue: land it first.
     await res.effects.flush()
     principal: Principal = ctx.principal
-    async with res.pool.acquire() as conn:
-        async with conn.transaction():
-            event_id = args.search_event_id
-            if event_id is not None:
-                exists, owner = await events_repo.search_event_owner(conn, event_id)
-                if not exists:
-                    exists = await events_repo.ensure_search_event(conn, event_id, principal.key_id)
-                    owner = principal.key_id
-                if not exists or (not principal.is_master and owner not in (principal.visible_key_ids or (principal.key_id,))):
-                    raise InvalidParams(f"Invalid params: search_event_id: no search event {event_id}")
-            readable: list[str] = []
-            if args.fragment_ids:
-                rows = await fragments_repo.fetch_by_ids(conn, principal, list(dict.fromkeys(args.fragment_ids)))
-                readable = list(rows)
-            reason = args.irrelevance_reason if (not args.relevant and args.irrelevance_reason in IRRELEVANCE_REASONS) else None
-            feedback_id = await events_repo.insert_tool_feedback(
-                conn, key_id=principal.key_id, tool_name=args.tool_name, relevant=args.relevant,
-                sufficient=args.sufficient, suggestion=args.suggestion[:100] if args.suggestion else None,
-                context=args.context[:50] if args.context else None, session_id=args.session_id or ctx.session_id,
-                trigger_type=args.trigger_type, irrelevance_reason=reason, search_event_id=event_id,
-                fragment_ids=readable or None,
-            )
-            delta = FEEDBACK_ACTIVATION[(args.relevant, args.sufficient)]
-            if readable:
-                await events_repo.adjust_activation(conn, {fid: delta for fid in readable})
+    async with res.pool.acquire() as conn, conn.transaction():
+        event_id = args.search_event_id
+        if event_id is not None:
+            exists, owner = await events_repo.search_event_owner(conn, event_id)
+            if not exists:
+                exists = await events_repo.ensure_search_event(conn, event_id, principal.key_id)
+                owner = principal.key_id
+            if not exists or (not principal.is_master and owner not in (principal.visible_key_ids or (principal.key_id,))):
+                raise InvalidParams(f"Invalid params: search_event_id: no search event {event_id}")
+        readable: list[str] = []
+        if args.fragment_ids:
+            rows = await fragments_repo.fetch_by_ids(conn, principal, list(dict.fromkeys(args.fragment_ids)))
+            readable = list(rows)
+        reason = args.irrelevance_reason if (not args.relevant and args.irrelevance_reason in IRRELEVANCE_REASONS) else None
+        feedback_id = await events_repo.insert_tool_feedback(
+            conn, key_id=principal.key_id, tool_name=args.tool_name, relevant=args.relevant,
+            sufficient=args.sufficient, suggestion=args.suggestion[:100] if args.suggestion else None,
+            context=args.context[:50] if args.context else None, session_id=args.session_id or ctx.session_id,
+            trigger_type=args.trigger_type, irrelevance_reason=reason, search_event_id=event_id,
+            fragment_ids=readable or None,
+        )
+        delta = FEEDBACK_ACTIVATION[(args.relevant, args.sufficient)]
+        if readable:
+            await events_repo.adjust_activation(conn, dict.fromkeys(readable, delta))
     return {
         "success": True,
         "id": feedback_id,
