@@ -16,6 +16,9 @@ def test_settle_heap_freezes_the_survivors_and_keeps_collecting_new_garbage() ->
         cycle.append(cycle)  # garbage made after the freeze is still collected
         del cycle
         assert gc.collect() >= 1
-        assert gc.get_freeze_count() == frozen
+        # A collection leaves the frozen generation frozen (an unfreeze would move it all back).
+        # Not `== frozen`: frozen objects still die by refcount, and the stack's watchdog
+        # threads in this process may drop a few meanwhile.
+        assert gc.get_freeze_count() > frozen * 0.99
     finally:
         gc.unfreeze()
