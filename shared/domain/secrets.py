@@ -100,6 +100,11 @@ def screen(field: str, text: str | None, policy: SecretPolicy) -> Screened:
 
 Args = TypeVar("Args", bound=BaseModel)
 
+# Fields that name a request rather than describe it: a redacted copy is no longer the same
+# name (two keys holding different secrets would redact to one, and replay each other's
+# result), so a secret in one is refused under either policy.
+IDENTIFIERS = frozenset({"idempotencyKey"})
+
 
 def screen_args(
     args: Args, policy: SecretPolicy, redacted: list[str], skip: frozenset[str] = frozenset(), prefix: str = ""
@@ -127,7 +132,7 @@ def screen_args(
 def screen_value(field: str, value: Any, policy: SecretPolicy, redacted: list[str]) -> Any:
     """One argument value screened: a string, or every string inside a list, dict or model."""
     if isinstance(value, str):
-        kept = screen(field, value, policy)
+        kept = screen(field, value, "reject" if field.rsplit(".", 1)[-1] in IDENTIFIERS else policy)
         if not kept.redacted:
             return value
         redacted.extend(k for k in kept.redacted if k not in redacted)

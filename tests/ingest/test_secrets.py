@@ -191,3 +191,14 @@ async def test_redact_policy_stores_every_field_redacted(redacting: Stack) -> No
         suggestion = await conn.fetchval("SELECT suggestion FROM tool_feedback WHERE id = $1", feedback["id"])
     assert suggestion == "use [REDACTED:aws_access_key] instead"
     assert await tables_holding(redacting.database_url, [content_key, phase_key, feedback_key]) == []
+
+
+async def test_redact_policy_still_refuses_a_secret_in_an_idempotency_key(redacting: Stack) -> None:
+    # Redacted, two different keys would become one and the second write would replay the first.
+    first, second = aws_key(), aws_key()
+    async with mcp_session(redacting.mcp_url, redacting.master_key) as s:
+        for key in (first, second):
+            err = await rpc_error(s, "remember", {"content": f"Deploy window noted ({key[-4:]}).", "topic": "ops",
+                                                 "type": "fact", "idempotencyKey": f"deploy-{key}"})
+            assert err.code == -32602 and "idempotencyKey" in err.message
+    assert await tables_holding(redacting.database_url, [first, second]) == []
