@@ -13,6 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import asyncpg
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from opentelemetry import trace
@@ -23,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from services.common.rpc import SERVICE_TOKEN_HEADER
 from shared.contract.base import problems
 from shared.db import ping
-from shared.domain.errors import EngramError, InvalidParams
+from shared.domain.errors import CredentialGone, EngramError, InvalidParams
 from shared.domain.principal import Principal
 from shared.telemetry import CORRELATION_HEADER, correlation_id, extract_context, new_correlation_id
 
@@ -168,7 +169,13 @@ def install_internal_api(
         )
         started = time.perf_counter()
         try:
-            result, is_error = await handler(request, ctx, body.arguments)
+            try:
+                result, is_error = await handler(request, ctx, body.arguments)
+            except asyncpg.ForeignKeyViolationError as exc:
+                # Only a row of a key deleted meanwhile can miss its api_keys parent.
+                if ctx.principal.key_id is None or "api_keys" not in (exc.detail or ""):
+                    raise
+                raise CredentialGone("Unauthorized: this API key has been deleted") from None
         except EngramError as exc:
             TOOL_CALLS.labels(service, name, "error").inc()
             elapsed_ms = (time.perf_counter() - started) * 1000

@@ -50,6 +50,18 @@ class PermissionDenied(EngramError):
         self.reason = reason
 
 
+# The gateway's JSON-RPC code for a credential that is not (or no longer) valid.
+UNAUTHORIZED = -32001
+
+
+class CredentialGone(EngramError):
+    """The caller's API key was deleted after the gateway authenticated the call (another
+    replica's key cache may lag an admin change by its lifetime without Redis)."""
+
+    code = UNAUTHORIZED
+    http_status = 401
+
+
 class Unavailable(EngramError):
     code = INTERNAL_ERROR
     http_status = 503

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tests.ingest.helpers import db, fragment, remember_while_key_locked, rpc_error
+from tests.ingest.helpers import db, fragment, principal_of, remember_while_key_locked, rpc_error
 from tests.support import call, create_api_key, mcp_session, unique
 
 
@@ -167,3 +167,25 @@ async def test_read_your_writes(mcp_url: str, master_key: str) -> None:
         by_kw = await call(s, "recall", {"keywords": [marker], "workspace": ws, "pageSize": 10})
     assert found["fragments"][0]["id"] == stored["id"]
     assert {r["id"] for r in batch["results"]} <= {f["id"] for f in by_kw["fragments"]}
+
+
+async def test_a_write_for_a_key_deleted_after_authentication_is_unauthorized_not_a_500(stack) -> None:
+    # A gateway replica without Redis may hold a deleted key's principal for its cache lifetime;
+    # the write it forwards then misses its api_keys row.
+    import httpx
+
+    raw, key_id = await create_api_key(stack.database_url)
+    principal = await principal_of(stack.database_url, raw)
+    async with db(stack.database_url) as conn:
+        await conn.execute("DELETE FROM api_keys WHERE id = $1", key_id)
+    async with httpx.AsyncClient(timeout=60) as http:
+        response = await http.post(
+            f"{stack.ingest_url}/v1/tools/remember",
+            json={"arguments": {"content": "Written after the key was deleted.", "topic": "ops", "type": "fact"},
+                  "principal": principal, "session": None},
+            headers={"x-engram-service-token": stack.service_token},
+        )
+    assert response.status_code == 401
+    assert response.json()["error"] == {"code": -32001, "message": "Unauthorized: this API key has been deleted"}
+    async with db(stack.database_url) as conn:
+        assert await conn.fetchval("SELECT count(*) FROM fragments WHERE key_id = $1", key_id) == 0
