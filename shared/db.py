@@ -25,6 +25,9 @@ async def create_pool(
         init=init,
         server_settings={"search_path": SEARCH_PATH, "application_name": "engram"},
         command_timeout=30,
+        # A new connection to a Postgres that hangs (network partition, a host gone) fails
+        # after this instead of asyncpg's 60 s default, so callers answer 503 while it is away.
+        timeout=5,
     )
 
 
