@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -133,8 +134,16 @@ async def test_beat_auto_fsck_runs_once_per_tenant(mstack, db, embedder, produce
     import asyncio
 
     await asyncio.to_thread(producer.send_task, "maintenance.auto_fsck", queue=QUEUE_MAINTENANCE)
-    runs = await wait_for(lambda: db.fetch(
-        "SELECT tenant, status FROM maintenance_runs WHERE job = 'auto_fsck' AND tenant = ANY($1::text[]) AND status = 'succeeded'",
-        [f"key:{key_a}", f"key:{key_b}"]), timeout=120)
-    assert {r["tenant"] for r in runs} == {f"key:{key_a}", f"key:{key_b}"}
+    tenants = {f"key:{key_a}", f"key:{key_b}"}
+
+    async def both_succeeded() -> list[Any]:
+        # Both tenants' runs, not the first one to finish: they end one after the other.
+        rows = await db.fetch(
+            "SELECT tenant, status FROM maintenance_runs WHERE job = 'auto_fsck' AND tenant = ANY($1::text[]) AND status = 'succeeded'",
+            list(tenants))
+        return rows if {r["tenant"] for r in rows} == tenants else []
+
+    runs = await wait_for(both_succeeded, timeout=120)
+    assert {r["tenant"] for r in runs} == tenants
+    assert len(runs) == 2  # once per tenant
     assert await fragment(db, a) is None and await fragment(db, b) is not None
