@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from shared.domain.secrets import find_secrets, redact, secret_kinds
+
 IssueType = Literal["duplicate", "contradiction", "quality", "reclassify", "security"]
 Severity = Literal["low", "medium", "high"]
 SEVERITY_RANK = {"low": 0, "medium": 1, "high": 2}
@@ -44,18 +46,6 @@ _INJECTION = [
     (re.compile(r"\bnew\s+instructions?\s*:", re.I), 0.75),
 ]
 
-# Credentials that must not live in memory (kind, pattern). Redacted rather than deleted:
-# the sentence around a secret is often the useful part.
-SECRETS = [
-    ("aws_access_key", re.compile(r"\bAKIA[0-9A-Z]{16}\b")),
-    ("openai_key", re.compile(r"\bsk-(?:proj-)?[A-Za-z0-9_\-]{20,}\b")),
-    ("github_token", re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}\b")),
-    ("slack_token", re.compile(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}\b")),
-    ("private_key", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")),
-    ("jwt", re.compile(r"\beyJ[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}\.[A-Za-z0-9_\-]{10,}\b")),
-    ("password", re.compile(r"(?i)\b(password|passwd|pwd|secret|api[_-]?key)\s*[:=]\s*(?!\[REDACTED)\S{6,}")),
-]
-
 _PLACEHOLDER = re.compile(r"^\s*(test|testing|asdf+|qwerty|lorem ipsum.*|foo|bar|todo|tbd|n/?a|null|none|xxx+|\.+|-+)\s*$", re.I)
 _REPEATED = re.compile(r"(.)\1{9,}")
 
@@ -76,11 +66,11 @@ def security_issues(f: dict[str, Any]) -> list[Issue]:
     if best is not None:
         issues.append(Issue("security", "high", best, [f["id"]], "prompt-injection pattern in stored memory",
                             [{"action": "delete", "id": f["id"]}]))
-    kinds = [kind for kind, pattern in SECRETS if pattern.search(content)]
-    if kinds:
-        redacted = content
-        for kind, pattern in SECRETS:
-            redacted = pattern.sub(f"[REDACTED:{kind}]", redacted)
+    # The write path's rule set: memory stored before a rule existed is found the same way.
+    # Redacted rather than deleted: the sentence around a secret is often the useful part.
+    findings = find_secrets(content)
+    if findings:
+        kinds, redacted = secret_kinds(findings), redact(content, findings)
         issues.append(Issue("security", "high", 0.97, [f["id"]], f"secret in stored memory: {', '.join(kinds)}",
                             [{"action": "update", "id": f["id"], "content": redacted}]))
     return issues

@@ -56,6 +56,10 @@ def test_fsck_checks() -> None:
     assert any(k.startswith("prompt-injection") for k in kinds) and "secret in stored memory" in kinds
     redact = next(i for i in sec if i.actions[0]["action"] == "update")
     assert "hunter22" not in redact.actions[0]["content"]
+    # fsck uses the write path's rule set: a shape the old fsck list did not know is found too.
+    token = "dop_v1_" + "3f9a" * 16
+    [vault] = security_issues(_f("v", f"Deploys read the droplet API with {token} from CI."))
+    assert vault.reason.startswith("secret in stored memory") and token not in vault.actions[0]["content"]
     assert quality_issues(_f("q", "asdf"))[0].actions == [{"action": "delete", "id": "q"}]
     assert quality_issues(_f("q", "A perfectly normal sentence about deploys.")) == []
     meta = reclassify_issues({"id": "m", "content": "We decided to adopt Kafka.", "topic": "arch  ", "type": "fact",
