@@ -16,12 +16,14 @@ SKILL_SECTIONS = (
 
 
 class GetSkillGuideArgs(ToolArgs):
-    section: Literal[SKILL_SECTIONS] | None = None  # type: ignore[valid-type]
+    section: Literal[SKILL_SECTIONS] | None = Field(  # type: ignore[valid-type]
+        None, description=f"Return only this section (default the whole guide): {', '.join(SKILL_SECTIONS)}.")
 
 
 class SessionRotateArgs(ToolArgs):
     # seed: the tool's reason is at most 256 characters (the HTTP endpoint's is 128).
-    reason: str | None = Field(None, max_length=256)
+    reason: str | None = Field(
+        None, max_length=256, description="Why, for the audit log (at most 256 characters), e.g. scheduled_rotation, suspected_leak.")
 
 
 GATEWAY_TOOLS: tuple[ToolSpec, ...] = (
@@ -35,6 +37,6 @@ GATEWAY_TOOLS: tuple[ToolSpec, ...] = (
         "session_rotate",
         "End the current session id and issue a new one (suspected token leak or periodic rotation); "
         "the bound key, workspace and permissions carry over.",
-        SessionRotateArgs, "gateway", ("session", "rotate"), "write", False,
+        SessionRotateArgs, "gateway", ("session", "rotate"), "write", False, destructive=True,
     ),
 )

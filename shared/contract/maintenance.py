@@ -17,7 +17,7 @@ CONSOLIDATION_STAGES = (
 
 class MemoryConsolidateArgs(ToolArgs):
     # seed: deprecated, kept in the schema for compatibility; no effect.
-    stream: bool | None = None
+    stream: bool | None = Field(None, description="Deprecated, no effect (kept for compatibility).")
     stages: list[Label] | None = Field(
         None, max_length=len(CONSOLIDATION_STAGES),
         description=f"Run only these stages (default: all enabled). One of: {', '.join(CONSOLIDATION_STAGES)}.",

@@ -1,4 +1,5 @@
-"""A tool's wire description: who answers it, what permission it needs, its tools/list meta."""
+"""A tool's wire description: who answers it, what permission it needs, its tools/list meta
+and MCP annotations."""
 
 from __future__ import annotations
 
@@ -45,6 +46,8 @@ class ToolSpec:
     requires_master: bool = False
     beta: bool = False
     schema_overrides: dict[str, Any] = field(default_factory=dict)
+    # Deletes or overwrites what is stored (as opposed to adding to it): MCP's destructiveHint.
+    destructive: bool = False
 
     @property
     def permission(self) -> Permission | None:
@@ -57,6 +60,19 @@ class ToolSpec:
             "requiresMaster": self.requires_master,
             "beta": self.beta,
             "idempotent": self.idempotent,
+        }
+
+    def annotations(self) -> dict[str, Any]:
+        """The standard MCP tool annotations clients use for auto-approval, derived from the
+        reference's meta: a read-risk tool is read-only unless it records something (not
+        idempotent: tool_feedback); an admin tool counts as destructive; nothing reaches
+        outside Engram's own store, so no tool is open-world."""
+        read_only = self.risk_level == "read" and self.idempotent
+        return {
+            "readOnlyHint": read_only,
+            "destructiveHint": not read_only and (self.destructive or self.risk_level == "admin"),
+            "idempotentHint": self.idempotent,
+            "openWorldHint": False,
         }
 
     def input_schema(self) -> dict[str, Any]:
