@@ -50,6 +50,33 @@ async def _link_to(conn: asyncpg.Connection, principal: Principal, new_id: str, 
     return linked
 
 
+async def _remember_again(
+    conn: asyncpg.Connection, principal: Principal, args: RememberArgs, f: frag.NewFragment
+) -> dict[str, Any] | None:
+    """The reply for content this key already holds in this workspace (same content hash,
+    same scope), or None. Like an idempotent replay, nothing is inserted: the stored copy is
+    refreshed and its id returned with duplicate=true, so copies do not pile up until a
+    consolidation merges them. The reply keeps every field of a stored one."""
+    async with conn.transaction():
+        row = await fragments_repo.find_duplicate(conn, principal, f.content_hash, f.workspace, f.scope)
+        if row is None:
+            return None
+        if args.idempotencyKey:
+            won = await idempotency_repo.claim(conn, principal.key_id, [(args.idempotencyKey, row["id"])])
+            if not won:  # a concurrent retry of this call committed first
+                existing = await idempotency_repo.lookup(conn, principal.key_id, [args.idempotencyKey])
+                return {"success": True, "id": existing[args.idempotencyKey], "idempotent": True}
+        ttl_tier = await fragments_repo.refresh_duplicate(conn, row["id"], f.importance, f.is_anchor)
+        linked = await _link_to(conn, principal, row["id"], args.linkedTo) if args.linkedTo else []
+    result: dict[str, Any] = {
+        "success": True, "id": row["id"], "duplicate": True, "keywords": list(row["keywords"] or []),
+        "ttl_tier": ttl_tier, "scope": row["scope"], "conflicts": [],
+    }
+    if linked:
+        result["linked"] = linked
+    return result
+
+
 def policy_warnings(
     res: WriteResources, args: RememberArgs, f: frag.NewFragment, conflicts: list[dict[str, Any]], principal: Principal
 ) -> list[str]:
@@ -75,6 +102,10 @@ async def remember(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, argum
             existing = await idempotency_repo.lookup(conn, principal.key_id, [args.idempotencyKey])
             if existing:
                 return {"success": True, "id": existing[args.idempotencyKey], "idempotent": True}, False
+        if not args.dryRun and not args.supersedes:
+            duplicate = await _remember_again(conn, ctx.principal, args, f)
+            if duplicate is not None:
+                return duplicate, False
         await res.embed_fragments([f])
         conflicts = await conflicts_for(conn, principal, f)
         warnings = policy_warnings(res, args, f, conflicts, principal)

@@ -248,6 +248,42 @@ async def find_by_hash(
     return {(r["content_hash"], r["workspace"]): r["id"] for r in await conn.fetch(sql, *params.values)}
 
 
+async def find_duplicate(
+    conn: asyncpg.Connection, principal: Principal, content_hash: str, workspace: str | None, scope: str
+) -> asyncpg.Record | None:
+    """The oldest live fragment the caller owns with this content in this workspace and of
+    this scope, locked for the refresh that follows. The scope must match: a permanent
+    remember must not collapse into a session fragment that ends with its session."""
+    params = SqlParams()
+    owner = scope_clause(principal.owns, params)
+    sql = f"""
+        SELECT f.id, f.keywords, f.ttl_tier, f.scope
+        FROM fragments f
+        WHERE f.content_hash = {params.add(content_hash)} AND f.workspace IS NOT DISTINCT FROM {params.add(workspace)}
+          AND f.scope = {params.add(scope)} AND f.valid_to IS NULL AND {owner}
+        ORDER BY f.created_at
+        LIMIT 1
+        FOR UPDATE
+    """
+    return await conn.fetchrow(sql, *params.values)
+
+
+async def refresh_duplicate(conn: asyncpg.Connection, fragment_id: str, importance: float, is_anchor: bool) -> str:
+    """A second remember of the same content counts as a use of the stored copy: one more
+    access, and the higher of the two importances is kept; an anchoring remember anchors it
+    (anchors live in the permanent tier). Returns the copy's TTL tier."""
+    return await conn.fetchval(
+        """
+        UPDATE fragments SET access_count = access_count + 1, last_accessed_at = now(),
+               importance = greatest(importance, $2::real), is_anchor = is_anchor OR $3::boolean,
+               ttl_tier = CASE WHEN $3::boolean THEN 'permanent' ELSE ttl_tier END
+        WHERE id = $1
+        RETURNING ttl_tier
+        """,
+        fragment_id, importance, is_anchor,
+    )
+
+
 async def delete_by_id(conn: asyncpg.Connection, principal: Principal, fragment_id: str, *, force: bool) -> tuple[int, int]:
     """Returns (deleted, protected). Permanent-tier fragments need force (seed)."""
     params = SqlParams()

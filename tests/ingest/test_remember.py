@@ -41,7 +41,8 @@ async def test_defaults_importance_scope_case_and_truncation(stack, mcp_url: str
     async with mcp_session(mcp_url, master_key) as s:
         ids = {}
         for ftype in expected:
-            ids[ftype] = (await call(s, "remember", {"content": f"{long_text} ({ftype})", "topic": "defaults", "type": ftype, "workspace": ws}))["id"]
+            # The type leads: cut at 300, a shared prefix would be one content (stored once).
+            ids[ftype] = (await call(s, "remember", {"content": f"({ftype}) {long_text.strip()}", "topic": "defaults", "type": ftype, "workspace": ws}))["id"]
         session = await call(s, "remember", {"content": "Working memory: the current branch is feature/login.", "topic": "wm", "type": "fact", "scope": "session", "workspace": ws})
     assert session["scope"] == "session" and session["ttl_tier"] == "hot"
     for ftype, fid in ids.items():
@@ -49,7 +50,7 @@ async def test_defaults_importance_scope_case_and_truncation(stack, mcp_url: str
         assert abs(row["importance"] - expected[ftype]) < 1e-6, ftype
         assert row["assertion_status"] == "observed" and row["affect"] == "neutral" and row["ttl_tier"] == "warm"
         # seed: every type but episode is cut at 300 characters.
-        assert len(row["content"]) == (len(f"{long_text} ({ftype})") if ftype == "episode" else 300)
+        assert len(row["content"]) == (len(f"({ftype}) {long_text.strip()}") if ftype == "episode" else 300)
     row = await fragment(stack.database_url, session["id"])
     # seed: caseId defaults to the session (the MCP session id here).
     assert row["session_id"] and row["case_id"] == row["session_id"]
