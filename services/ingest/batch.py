@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from services.common.internal import ToolContext, parse_arguments
+from services.ingest.remember import cut_report
 from services.ingest.service import QUOTA_EXCEEDED, TOO_SHORT, Screening, WriteResources, build_fragment, check_quota, lock_quota
 from shared.contract.base import problems
 from shared.contract.write import BatchRememberArgs, BatchStatusArgs, RememberArgs
@@ -139,10 +140,14 @@ async def _refresh_statistics(conn: asyncpg.Connection, inserted: int) -> None:
         logger.warning("statistics refresh after a batch failed", exc_info=True)
 
 
-def _with_redactions(results: list[Any], planned: Planned) -> None:
+def _with_redactions(results: list[Any], planned: Planned, items: list[dict]) -> None:
+    """What was done to a stored item's content: secrets redacted, a cut at 300 characters."""
     for i, f, _ in planned:
-        if f.extra.get("secrets_redacted") and results[i] and results[i]["success"]:
+        if not (results[i] and results[i]["success"]):
+            continue
+        if f.extra.get("secrets_redacted"):
             results[i]["secrets_redacted"] = f.extra["secrets_redacted"]
+        results[i].update(cut_report(items[i]["content"], f.type))
 
 
 async def store_batch(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, args: BatchRememberArgs) -> dict[str, Any]:
@@ -167,7 +172,7 @@ async def store_batch(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, ar
                     await jobs.record(conn, "maintenance.link_new_fragments", fragment_ids=inserted)
             if inserted:
                 await _refresh_statistics(conn, len(inserted))
-        _with_redactions(results, planned)
+        _with_redactions(results, planned, args.fragments)
 
     final = [r for r in results if r is not None]
     ok = sum(1 for r in final if r["success"])

@@ -74,7 +74,17 @@ async def _remember_again(
     }
     if linked:
         result["linked"] = linked
+    result.update(cut_report(args.content, args.type))
     return result
+
+
+def cut_report(content: str, fragment_type: str) -> dict[str, Any]:
+    """seed: content of any type but episode is cut at 300 characters when stored; the reply
+    says so, with the length given, instead of cutting silently."""
+    given = len(content.strip())
+    if fragment_type == "episode" or given <= frag.STORED_CONTENT_CHARS:
+        return {}
+    return {"truncated": True, "content_length": given, "stored_length": frag.STORED_CONTENT_CHARS}
 
 
 def policy_warnings(
@@ -167,6 +177,7 @@ async def remember(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, argum
         result["validation_warnings"] = warnings
     if f.extra.get("secrets_redacted"):
         result["secrets_redacted"] = f.extra["secrets_redacted"]
+    result.update(cut_report(args.content, args.type))
     if quota is not None:
         result["quota"] = {**quota, "used": quota["used"] + 1}
     return await attach_hint(res, "remember", ctx.session_id, result), False

@@ -19,7 +19,29 @@ STITCH_TOP = 3
 STITCH_BUDGET_SHARE = 0.4
 STITCH_WINDOW_MIN = 30
 LINKS_PER_FRAGMENT = 5
-LINK_PREVIEW_CHARS = 200
+# A linked fragment is a pointer, not a second result: id, type, relation and the first
+# words, enough to decide whether to recall it (bench/reply_tokens.py: with 200 characters
+# of each link, a default reply of two linked facts cost 783 tokens). The reference leaves
+# the link's shape open; stitched_context's causal items keep their documented content.
+LINK_PREVIEW_CHARS = 80
+CAUSAL_PREVIEW_CHARS = 200
+
+
+def preview(content: str, limit: int) -> dict[str, Any]:
+    """The content cut to limit characters; a cut says so (truncated, content_length) rather
+    than passing for the whole text."""
+    if len(content) <= limit:
+        return {"content": content}
+    return {"content": content[:limit].rstrip() + "…", "truncated": True, "content_length": len(content)}
+
+
+def link_item(link: dict[str, Any], in_reply: set[str]) -> dict[str, Any]:
+    """A linked fragment: a result of this same reply is named by id only (its content is
+    right there); any other carries a short preview."""
+    item = {"id": link["id"], "relation_type": link["relation_type"], "direction": link["direction"]}
+    if link["id"] in in_reply:
+        return item
+    return {**item, "type": link["type"], **preview(link["content"], LINK_PREVIEW_CHARS)}
 
 
 def iso(value: datetime | None) -> str | None:
@@ -73,6 +95,7 @@ async def decorate(
     around: dict[str, dict[str, list[asyncpg.Record]]] = {}
     if args.includeContext:
         around = await recall_views.surrounding(conn, principal, ids, width=2, window_minutes=None)
+    in_reply = set(ids)
     out = []
     for hit in window:
         row = rows.get(hit.id)
@@ -80,9 +103,7 @@ async def decorate(
             continue
         full = base_fragment(row, hit.score)
         if args.includeLinks:
-            full["linked"] = [
-                {**link, "content": link["content"][:LINK_PREVIEW_CHARS]} for link in links.get(hit.id, [])
-            ]
+            full["linked"] = [link_item(link, in_reply) for link in links.get(hit.id, [])]
         if args.includeKeyName:
             full["key_name"] = names.get(row["key_id"]) if row["key_id"] else "master"
         if args.includeContext:
@@ -117,7 +138,7 @@ async def stitch(
         sides = around.get(f["id"], {"pre": [], "post": []})
         causal = [
             {"id": link["id"], "relation_type": link["relation_type"], "direction": link["direction"],
-             "content": link["content"][:LINK_PREVIEW_CHARS]}
+             **preview(link["content"], CAUSAL_PREVIEW_CHARS)}
             for link in causal_links.get(f["id"], []) if link["relation_type"] in recall_views.CAUSAL_RELATIONS
         ]
         if not sides["pre"] and not sides["post"] and not causal:
@@ -160,8 +181,7 @@ def pack(tokens: TokenCounter, rendered: list[dict[str, Any]], budget: int) -> t
             if cost > budget and "content" in item:
                 overflow = cost - budget
                 keep = max(len(item["content"]) - overflow * 4, 20)
-                item["content"] = item["content"][:keep] + "…"
-                item["truncated"] = True
+                item.update(preview(item["content"], keep))
                 cost = tokens.count_json(item)
         packed.append(item)
         used += cost
