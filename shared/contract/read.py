@@ -176,8 +176,8 @@ READ_TOOLS: tuple[ToolSpec, ...] = (
         "recall",
         "Search memory: keyword and full-text (L2) fused with semantic vector search (L3), "
         "best first, packed into tokenBudget. Put the natural-language query in `text` (or exact terms "
-        "in `keywords`). Content cut at storage says so (truncated, content_length); linked fragments "
-        "come as id, relation and a short preview: recall or fragment_history an id for the rest.",
+        "in `keywords`). Linked fragments come as id and relation (plus a short preview when they are "
+        "not results themselves); any cut content says so (truncated, content_length).",
         RecallArgs, "recall", ("search", "pagination", "caseMode"), "read", True,
     ),
     ToolSpec(
