@@ -140,14 +140,17 @@ async def _refresh_statistics(conn: asyncpg.Connection, inserted: int) -> None:
         logger.warning("statistics refresh after a batch failed", exc_info=True)
 
 
-def _with_redactions(results: list[Any], planned: Planned, items: list[dict]) -> None:
-    """What was done to a stored item's content: secrets redacted, a cut at 300 characters."""
+def _with_redactions(results: list[Any], planned: Planned) -> None:
     for i, f, _ in planned:
-        if not (results[i] and results[i]["success"]):
-            continue
-        if f.extra.get("secrets_redacted"):
+        if f.extra.get("secrets_redacted") and results[i] and results[i]["success"]:
             results[i]["secrets_redacted"] = f.extra["secrets_redacted"]
-        results[i].update(cut_report(items[i]["content"], f.type))
+
+
+def _with_cuts(results: list[Any], planned: Planned, items: list[dict]) -> None:
+    """A stored item whose content was cut at 300 characters says so, as remember's reply does."""
+    for i, f, _ in planned:
+        if results[i] and results[i]["success"]:
+            results[i].update(cut_report(items[i]["content"], f.type))
 
 
 async def store_batch(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, args: BatchRememberArgs) -> dict[str, Any]:
@@ -172,7 +175,8 @@ async def store_batch(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, ar
                     await jobs.record(conn, "maintenance.link_new_fragments", fragment_ids=inserted)
             if inserted:
                 await _refresh_statistics(conn, len(inserted))
-        _with_redactions(results, planned, args.fragments)
+        _with_redactions(results, planned)
+        _with_cuts(results, planned, args.fragments)
 
     final = [r for r in results if r is not None]
     ok = sum(1 for r in final if r["success"])
