@@ -96,6 +96,9 @@ class GatewaySettings(CommonSettings):
     segment_lifetime: timedelta = Field(timedelta(hours=4), alias="MEMENTO_SESSION_SEGMENT_LIFETIME")
     # Streamable HTTP sessions with no request for this long are closed (and reflected).
     session_idle_timeout: timedelta = Field(timedelta(minutes=30), alias="MEMENTO_SESSION_IDLE_TIMEOUT")
+    # Where the other gateway replicas reach this one (a legacy SSE POST /message that lands
+    # on a replica without the stream is forwarded to its holder): the pod IP in Kubernetes.
+    internal_host: str | None = Field(None, alias="GATEWAY_INTERNAL_HOST")
     # seed: POST /session/rotate is limited per IP, 5 per minute by default.
     rotate_rate_limit_per_min: int = Field(5, alias="MEMENTO_ROTATE_RATE_LIMIT_PER_MIN")
     # Requests per minute: per client IP before authentication, per key after it.
@@ -129,6 +132,11 @@ class GatewaySettings(CommonSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @property
+    def internal_url(self) -> str:
+        host = self.internal_host or ("127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host)  # noqa: S104 - compared, not bound
+        return f"http://{host}:{self.port}"
 
     def check_secure(self) -> None:
         """Refuse a missing or default master key outside dev."""

@@ -9,7 +9,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from redis.exceptions import RedisError
 
+from services.gateway.core.state import GatewayState, gateway_state
 from shared.db import ping
 
 logger = logging.getLogger(__name__)
@@ -24,7 +26,7 @@ async def health(request: Request) -> JSONResponse:
     probe takes this gateway out of rotation); some replicas down -> 200 + warning (calls go to
     the others). Liveness is /health/live: a dependency that is down is not cured by
     restarting the gateway (deploy/k8s/gateway.yaml)."""
-    state = request.app.state
+    state = gateway_state(request)
     warnings: list[str] = []
     checks: dict[str, Any] = {}
     # Concurrently, each with its own short timeout: the answer stays inside a probe's 3 s.
@@ -34,17 +36,13 @@ async def health(request: Request) -> JSONResponse:
     checks["redis"] = redis_check
     if redis_check["status"] == "warning":
         warnings.append("Redis unreachable: L1 cache and working memory disabled; core memory works from PostgreSQL")
-    registry = getattr(state, "registry", None)
-    if registry is not None:
-        open_sessions = [s.transport for s in registry.sessions()]
-        checks["sessions"] = {
-            "status": "ok",
-            "active": len(open_sessions),
-            "streamableHttp": open_sessions.count("streamable-http"),
-            "sse": open_sessions.count("sse"),
-        }
-    else:
-        checks["sessions"] = {"status": "ok"}
+    try:
+        active = await state.sessions.store.count_used()
+    except RedisError:  # reported under checks.redis
+        active = 0
+    held_sse = len(state.sessions.held_sse)
+    # Every replica's sessions (the store is shared); legacy SSE: the streams this one holds.
+    checks["sessions"] = {"status": "ok", "active": active, "streamableHttp": max(0, active - held_sse), "sse": held_sse}
     checks["services"] = replicas
     for url, info in replicas.items():
         if info["status"] != "ok":
@@ -68,7 +66,7 @@ async def live() -> JSONResponse:
     return JSONResponse({"status": "alive"})
 
 
-async def _database(state: Any) -> dict[str, Any]:
+async def _database(state: GatewayState) -> dict[str, Any]:
     try:
         await ping(state.pool)
     except Exception as exc:  # any failure of the probe means the database is unusable  # noqa: BLE001
@@ -76,7 +74,7 @@ async def _database(state: Any) -> dict[str, Any]:
     return {"status": "ok"}
 
 
-async def _redis(state: Any) -> dict[str, Any]:
+async def _redis(state: GatewayState) -> dict[str, Any]:
     if state.redis is None:
         return {"status": "disabled"}
     try:

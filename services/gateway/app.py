@@ -4,13 +4,12 @@ forwards tool calls to recall / ingest."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-import redis.asyncio as aioredis
 from fastapi import FastAPI
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.common.heap import settle_heap
 from services.common.internal import install_observability
@@ -23,16 +22,24 @@ from services.gateway.core.auth import Authenticator
 from services.gateway.core.edge import GatewayEdge
 from services.gateway.core.jsonrpc_guard import JsonRpcGuard
 from services.gateway.core.limits import RateLimiter
+from services.gateway.core.state import STATE_ATTRIBUTE, GatewayState, state_of
 from services.gateway.core.upstream import Upstreams
 from services.gateway.core.usage import DailyCalls
 from services.gateway.mcp import rotation
 from services.gateway.mcp.modes import MODES
-from services.gateway.mcp.server import GatewayContext, build_mcp_server
+from services.gateway.mcp.server import McpHandler
 from services.gateway.mcp.transports import Transports
 from services.gateway.oauth.service import OAuthService, install_oauth
-from services.gateway.sessions.registry import GatewaySession, SessionRegistry
+from services.gateway.sessions import (
+    FallbackSessionStore,
+    MemorySessionStore,
+    RedisSessionStore,
+    Sessions,
+    SessionStore,
+)
 from shared.db import create_pool
 from shared.jobs import celery_client
+from shared.redis_breaker import request_path_redis
 from shared.settings import GatewaySettings
 from shared.telemetry import configure_logging, configure_tracing
 
@@ -64,14 +71,48 @@ def public_config(settings: GatewaySettings) -> dict[str, object]:
 
 
 class _Endpoint:
-    """An ASGI route target resolved at request time (the transports exist per app)."""
+    """An ASGI route target on the MCP transports, which the lifespan builds."""
 
-    def __init__(self, handler_name: str, holder: dict[str, Transports]) -> None:
-        self.handler_name = handler_name
-        self.holder = holder
+    def __init__(self, handler: Callable[[Transports], ASGIApp]) -> None:
+        self.handler = handler
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await getattr(self.holder["transports"], self.handler_name)(scope, receive, send)
+        await self.handler(state_of(scope).mcp)(scope, receive, send)
+
+
+async def build_state(settings: GatewaySettings) -> GatewayState:
+    """Every client and service object of the gateway, built once, each handed what it needs."""
+    pool = await create_pool(settings.database_url, min_size=1, max_size=settings.db_pool_max)
+    redis_client = (
+        request_path_redis(settings.redis_url, settings)
+        if settings.redis_active
+        else None
+    )
+    broker = settings.broker_url or (settings.redis_url if settings.redis_active else None)
+    celery = celery_client(broker) if broker else None
+    upstreams = Upstreams(
+        [u.strip() for u in settings.recall_url.split(",") if u.strip()],
+        settings.ingest_url,
+        settings.service_token,
+        settings.upstream_timeout.total_seconds(),
+    )
+    authenticator = Authenticator(settings.access_key, pool, redis_client)
+    daily_calls = DailyCalls(pool, redis_client)
+    # Without Redis the sessions live in this process: one replica only (README).
+    store: SessionStore = (
+        FallbackSessionStore(RedisSessionStore(redis_client), MemorySessionStore())
+        if redis_client is not None
+        else MemorySessionStore()
+    )
+    sessions = Sessions(settings, store, pool, celery)
+    config = public_config(settings)
+    handler = McpHandler(sessions, upstreams, daily_calls, pool, config)
+    return GatewayState(
+        settings=settings, pool=pool, redis=redis_client, celery=celery, authenticator=authenticator,
+        limiter=RateLimiter(redis_client), upstreams=upstreams, daily_calls=daily_calls, sessions=sessions,
+        oauth=OAuthService(pool, settings, authenticator), mcp=Transports(handler.server(VERSION), settings, sessions),
+        config=config,
+    )
 
 
 def create_app(settings: GatewaySettings | None = None) -> FastAPI:
@@ -79,63 +120,24 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     settings.check_secure()
     configure_logging(settings.log_level)
     configure_tracing(settings.otel_service_name or "engram-gateway", console=settings.otel_console)
-
-    upstreams = Upstreams(
-        [u.strip() for u in settings.recall_url.split(",") if u.strip()],
-        settings.ingest_url,
-        settings.service_token,
-        settings.upstream_timeout.total_seconds(),
-    )
-    gw = GatewayContext(upstreams=upstreams, config=public_config(settings))
-    server = build_mcp_server(gw, VERSION)
-    transports = Transports(server, settings)
-    holder = {"transports": transports}
-
-    async def rotate_session(session: GatewaySession, presented_id: str, reason: str) -> dict[str, object]:
-        return await rotation.rotate(transports, session, presented_id, reason)
-
-    gw.rotate = rotate_session
+    # mcp 2.3.0 logs "Terminating session: None" at INFO for every stateless request.
+    logging.getLogger("mcp.server.streamable_http").setLevel(logging.WARNING)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool = await create_pool(settings.database_url, min_size=1, max_size=settings.db_pool_max)
-        redis_client = (
-            aioredis.Redis.from_url(settings.redis_url, socket_connect_timeout=1, socket_timeout=1)
-            if settings.redis_active
-            else None
-        )
-        broker = settings.broker_url or (settings.redis_url if settings.redis_active else None)
-        celery = celery_client(broker) if broker else None
-        authenticator = Authenticator(settings.access_key, pool, redis_client)
-        daily_calls = DailyCalls(pool, redis_client)
-        registry = SessionRegistry(settings, pool, celery)
-        registry.on_handover = transports.end_transport
-        transports.registry = registry
-        gw.pool = pool
-        gw.registry = registry
-        gw.daily_calls = daily_calls
-        app.state.settings = settings
-        app.state.pool = pool
-        app.state.redis = redis_client
-        app.state.upstreams = upstreams
-        app.state.authenticator = authenticator
-        app.state.session_manager = transports.streamable
-        app.state.transports = transports
-        app.state.registry = registry
-        app.state.daily_calls = daily_calls
-        app.state.oauth = OAuthService(pool, settings, authenticator)
-        app.state.limiter = RateLimiter(redis_client)
+        state = await build_state(settings)
+        setattr(app.state, STATE_ATTRIBUTE, state)
         settle_heap()
         try:
-            async with transports.streamable.run():
+            async with state.mcp.streamable.run(), state.sessions.running():
                 yield
         finally:
-            await registry.aclose()
-            await daily_calls.aclose()
-            await upstreams.aclose()
-            if redis_client is not None:
-                await redis_client.aclose()
-            await pool.close()
+            await state.mcp.aclose()
+            await state.daily_calls.aclose()
+            await state.upstreams.aclose()
+            if state.redis is not None:
+                await state.redis.aclose()
+            await state.pool.close()
 
     app = FastAPI(
         title="Engram", version=VERSION, lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
@@ -143,9 +145,9 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         # would be a second span and histogram per request (CPU on every tool call).
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
-    app.router.routes.append(Route("/mcp", endpoint=_Endpoint("mcp", holder), methods=["GET", "POST", "DELETE"]))
-    app.router.routes.append(Route("/sse", endpoint=_Endpoint("sse_connect", holder), methods=["GET"]))
-    app.router.routes.append(Route("/message", endpoint=_Endpoint("sse_message", holder), methods=["POST"]))
+    app.router.routes.append(Route("/mcp", endpoint=_Endpoint(lambda t: t.mcp), methods=["GET", "POST", "DELETE"]))
+    app.router.routes.append(Route("/sse", endpoint=_Endpoint(lambda t: t.sse_connect), methods=["GET"]))
+    app.router.routes.append(Route("/message", endpoint=_Endpoint(lambda t: t.sse_message), methods=["POST"]))
     app.include_router(router)
     app.include_router(rotation.router)
     app.include_router(admin_keys.auth_router)
@@ -156,6 +158,6 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     openapi.install(app)
     # Inside the observability middleware, so refusals (413, 429) are counted too.
     app.add_middleware(JsonRpcGuard)  # inside the edge: after the body limit and the credential
-    app.add_middleware(GatewayEdge, state=app.state)
+    app.add_middleware(GatewayEdge)
     install_observability(app, "gateway")
     return app

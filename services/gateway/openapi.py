@@ -10,8 +10,10 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 
-from services.gateway.mcp.server import PRINCIPAL_SCOPE_KEY, has_permission
-from services.gateway.mcp.transports import unauthorized
+from services.gateway.core.scope import PRINCIPAL_SCOPE_KEY
+from services.gateway.core.state import gateway_state
+from services.gateway.core.wire import unauthorized
+from services.gateway.mcp.server import has_permission
 from shared.contract.catalog import TOOLS
 from shared.domain.principal import Principal
 
@@ -71,7 +73,7 @@ def document(app: FastAPI, principal: Principal) -> dict[str, Any]:
 
 def install(app: FastAPI) -> None:
     async def openapi_json(request: Request) -> JSONResponse:
-        if not request.app.state.settings.enable_openapi:
+        if not gateway_state(request).settings.enable_openapi:
             return JSONResponse({"detail": "Not Found"}, status_code=404)
         principal = request.scope.get(PRINCIPAL_SCOPE_KEY)
         if principal is None:

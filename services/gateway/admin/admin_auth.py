@@ -5,11 +5,12 @@ from __future__ import annotations
 from fastapi import HTTPException, Request
 
 from services.gateway.core.auth import bearer_token
+from services.gateway.core.state import gateway_state
 
 
 async def require_master(request: Request) -> None:
     token = bearer_token(request.headers.get("authorization"))
-    principal = await request.app.state.authenticator.authenticate(token)
+    principal = await gateway_state(request).authenticator.authenticate(token)
     if principal is None:
         raise HTTPException(status_code=401, detail="Unauthorized")
     if not principal.is_master:

@@ -23,6 +23,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import StreamingResponse
 
 from services.gateway.admin.admin_auth import require_master
+from services.gateway.core.state import gateway_state
 from shared.domain.errors import EngramError, Unavailable
 from shared.domain.principal import Principal
 from shared.repositories import fragment_transfer as transfer_repo
@@ -36,7 +37,7 @@ IMPORT_CHUNK = 200
 
 @router.get("/export")
 async def export_fragments(request: Request, key_id: str | None = None, topic: str | None = None) -> StreamingResponse:
-    pool = request.app.state.pool
+    pool = gateway_state(request).pool
     if key_id:
         async with pool.acquire() as conn:
             if await keys_repo.get_key(conn, key_id) is None:
@@ -71,7 +72,7 @@ async def import_fragments(request: Request) -> dict[str, Any]:
     owner: dict[str, Any] = {}
     if request.query_params.get("key_id"):
         key_id = request.query_params["key_id"]
-        async with request.app.state.pool.acquire() as conn:
+        async with gateway_state(request).pool.acquire() as conn:
             if await keys_repo.get_key(conn, key_id) is None:
                 raise HTTPException(status_code=404, detail="key not found")
         owner = {"keyId": key_id}
@@ -79,7 +80,7 @@ async def import_fragments(request: Request) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     for start in range(0, len(items), IMPORT_CHUNK):
         try:
-            reply, _ = await request.app.state.upstreams.call(
+            reply, _ = await gateway_state(request).upstreams.call(
                 "ingest", "admin_import", {"fragments": items[start:start + IMPORT_CHUNK], **owner}, Principal.master(), None
             )
         except Unavailable as exc:

@@ -13,6 +13,7 @@ from pydantic import Field
 
 from services.gateway.admin.admin_auth import require_master
 from services.gateway.core.auth import bearer_token
+from services.gateway.core.state import gateway_state
 from services.gateway.mcp.modes import MODES
 from shared.contract.base import ToolArgs
 from shared.repositories import keys as keys_repo
@@ -87,7 +88,7 @@ def _jsonable(row: asyncpg.Record | dict[str, Any]) -> dict[str, Any]:
 
 async def _changed(request: Request) -> None:
     # Key and group changes must not wait out the 10 s credential cache on any replica.
-    await request.app.state.authenticator.forget_cached()
+    await gateway_state(request).authenticator.forget_cached()
 
 
 @auth_router.post("/auth")
@@ -97,7 +98,7 @@ async def verify_master(request: Request) -> JSONResponse:
     if supplied is None and request.headers.get("content-type", "").startswith("application/json"):
         body = AuthBody.model_validate(await request.json() or {})
         supplied = body.key or body.accessKey
-    master = request.app.state.settings.access_key
+    master = gateway_state(request).settings.access_key
     if not supplied or not master or not hmac.compare_digest(supplied.encode(), master.encode()):
         return JSONResponse({"success": False, "error": "Unauthorized"}, status_code=401)
     return JSONResponse({"success": True})
@@ -105,22 +106,22 @@ async def verify_master(request: Request) -> JSONResponse:
 
 @router.get("/keys")
 async def list_keys(request: Request) -> list[dict[str, Any]]:
-    await request.app.state.daily_calls.flush()  # calls_today includes the calls counted in Redis
-    async with request.app.state.pool.acquire() as conn:
+    await gateway_state(request).daily_calls.flush()  # calls_today includes the calls counted in Redis
+    async with gateway_state(request).pool.acquire() as conn:
         return [_jsonable(r) for r in await keys_repo.list_keys(conn)]
 
 
 @router.post("/keys", status_code=201)
 async def create_key(body: KeyCreate, request: Request) -> dict[str, Any]:
     fields = body.model_dump(exclude={"name"})
-    async with request.app.state.pool.acquire() as conn:
+    async with gateway_state(request).pool.acquire() as conn:
         raw, row = await keys_repo.create_key(conn, name=body.name, **fields)
     created = {name: row[name] for name in keys_repo.KEY_PUBLIC}
     return {**_jsonable(created), "raw_key": raw}
 
 
 async def _update(request: Request, key_id: str, **fields: Any) -> dict[str, Any]:
-    async with request.app.state.pool.acquire() as conn:
+    async with gateway_state(request).pool.acquire() as conn:
         row = await keys_repo.update_key(conn, key_id, **fields)
     if row is None:
         raise HTTPException(status_code=404, detail="key not found")
@@ -147,7 +148,7 @@ async def set_workspace(key_id: str, body: Workspace, request: Request) -> dict[
 
 @router.delete("/keys/{key_id}")
 async def delete_key(key_id: str, request: Request) -> dict[str, Any]:
-    async with request.app.state.pool.acquire() as conn:
+    async with gateway_state(request).pool.acquire() as conn:
         deleted = await keys_repo.delete_key(conn, key_id)
     if not deleted:
         raise HTTPException(status_code=404, detail="key not found")
@@ -157,13 +158,13 @@ async def delete_key(key_id: str, request: Request) -> dict[str, Any]:
 
 @router.get("/groups")
 async def list_groups(request: Request) -> list[dict[str, Any]]:
-    async with request.app.state.pool.acquire() as conn:
+    async with gateway_state(request).pool.acquire() as conn:
         return [_jsonable(r) for r in await keys_repo.list_groups(conn)]
 
 
 @router.post("/groups", status_code=201)
 async def create_group(body: GroupCreate, request: Request) -> dict[str, Any]:
-    async with request.app.state.pool.acquire() as conn:
+    async with gateway_state(request).pool.acquire() as conn:
         row = await keys_repo.create_group(conn, body.name, body.description)
     if row is None:
         raise HTTPException(status_code=409, detail="group name already exists")
@@ -172,7 +173,7 @@ async def create_group(body: GroupCreate, request: Request) -> dict[str, Any]:
 
 @router.delete("/groups/{group_id}")
 async def delete_group(group_id: str, request: Request) -> dict[str, Any]:
-    async with request.app.state.pool.acquire() as conn:
+    async with gateway_state(request).pool.acquire() as conn:
         deleted = await keys_repo.delete_group(conn, group_id)
     if not deleted:
         raise HTTPException(status_code=404, detail="group not found")
@@ -182,7 +183,7 @@ async def delete_group(group_id: str, request: Request) -> dict[str, Any]:
 
 @router.get("/groups/{group_id}/members")
 async def list_members(group_id: str, request: Request) -> list[dict[str, Any]]:
-    async with request.app.state.pool.acquire() as conn:
+    async with gateway_state(request).pool.acquire() as conn:
         if not await keys_repo.group_exists(conn, group_id):
             raise HTTPException(status_code=404, detail="group not found")
         return [_jsonable(r) for r in await keys_repo.list_members(conn, group_id)]
@@ -193,7 +194,7 @@ async def add_member(group_id: str, body: MemberAdd, request: Request) -> dict[s
     key_id = body.key_id or body.keyId
     if not key_id:
         raise HTTPException(status_code=422, detail="key_id is required")
-    async with request.app.state.pool.acquire() as conn, conn.transaction():
+    async with gateway_state(request).pool.acquire() as conn, conn.transaction():
         if not await keys_repo.group_exists(conn, group_id):
             raise HTTPException(status_code=404, detail="group not found")
         if not await keys_repo.add_member(conn, group_id, key_id):
@@ -204,7 +205,7 @@ async def add_member(group_id: str, body: MemberAdd, request: Request) -> dict[s
 
 @router.delete("/groups/{group_id}/members/{key_id}")
 async def remove_member(group_id: str, key_id: str, request: Request) -> dict[str, Any]:
-    async with request.app.state.pool.acquire() as conn:
+    async with gateway_state(request).pool.acquire() as conn:
         removed = await keys_repo.remove_member(conn, group_id, key_id)
     if not removed:
         raise HTTPException(status_code=404, detail="member not found")

@@ -17,6 +17,7 @@ from pydantic import Field
 from redis.exceptions import RedisError
 
 from services.gateway.admin.admin_auth import require_master
+from services.gateway.core.state import gateway_state
 from shared.contract.base import Int64, ToolArgs
 from shared.domain.fragment import MAX_INT64
 from shared.jobs import QUEUE_MAINTENANCE
@@ -56,8 +57,7 @@ def _tenant(body: FsckStart) -> Tenant:
 
 
 async def _send(request: Request, task: str, kwargs: dict[str, Any]) -> None:
-    registry = getattr(request.app.state, "registry", None)
-    celery = getattr(registry, "celery", None)
+    celery = gateway_state(request).celery
     if celery is None:
         raise HTTPException(status_code=503, detail="Redis is not configured: maintenance jobs run in the Celery worker")
 
@@ -73,7 +73,7 @@ async def _send(request: Request, task: str, kwargs: dict[str, Any]) -> None:
 @router.get("/maintenance/consolidation")
 async def consolidation_status(request: Request) -> dict[str, Any]:
     settings = MaintenanceSettings()
-    async with request.app.state.pool.acquire() as conn:
+    async with gateway_state(request).pool.acquire() as conn:
         status = await runs_repo.consolidation_status(conn, enabled=settings.consolidate_enabled, interval=settings.consolidate_interval)
         latest = await runs_repo.recent_runs(conn, "consolidate", 1)
     if latest:
@@ -89,14 +89,14 @@ async def consolidation_status(request: Request) -> dict[str, Any]:
 
 @router.get("/maintenance/runs")
 async def list_runs(request: Request, job: str | None = None, limit: int = 20) -> dict[str, Any]:
-    async with request.app.state.pool.acquire() as conn:
+    async with gateway_state(request).pool.acquire() as conn:
         rows = await runs_repo.recent_runs(conn, job, max(1, min(limit, 200)))
     return {"runs": [runs_repo.run_to_wire(r) for r in rows]}
 
 
 @router.get("/maintenance/runs/{run_id}")
 async def get_run(request: Request, run_id: RunId) -> dict[str, Any]:
-    async with request.app.state.pool.acquire() as conn:
+    async with gateway_state(request).pool.acquire() as conn:
         row = await runs_repo.get_run(conn, run_id)
     if row is None:
         raise HTTPException(status_code=404, detail="run not found")
@@ -106,7 +106,7 @@ async def get_run(request: Request, run_id: RunId) -> dict[str, Any]:
 @router.get("/memory/anomalies")
 async def anomalies(request: Request) -> dict[str, Any]:
     """seed: anomaly detection results -- those of the latest cycle that scanned for them."""
-    async with request.app.state.pool.acquire() as conn:
+    async with gateway_state(request).pool.acquire() as conn:
         row = await runs_repo.latest_anomaly_scan(conn)
     if row is None:
         return {"anomalies": [], "runId": None, "checkedAt": None}
@@ -123,7 +123,7 @@ async def anomalies(request: Request) -> dict[str, Any]:
 async def start_fsck(request: Request, body: FsckStart | None = None) -> dict[str, Any]:
     body = body or FsckStart()
     tenant = _tenant(body)
-    async with request.app.state.pool.acquire() as conn:
+    async with gateway_state(request).pool.acquire() as conn:
         run_id = await runs_repo.create_run(conn, "fsck", tenant, {"incremental": body.incremental, "trigger": "admin"})
     await _send(request, "maintenance.fsck", {"run_id": run_id, "tenant": tenant.label, "incremental": body.incremental})
     return {"id": run_id, "status": "queued", "tenant": tenant.label}
@@ -133,7 +133,7 @@ async def start_fsck(request: Request, body: FsckStart | None = None) -> dict[st
 async def start_auto_fsck(request: Request, body: FsckStart | None = None) -> dict[str, Any]:
     body = body or FsckStart()
     tenant = _tenant(body)
-    async with request.app.state.pool.acquire() as conn:
+    async with gateway_state(request).pool.acquire() as conn:
         run_id = await runs_repo.create_run(conn, "auto_fsck", tenant, {"incremental": True, "trigger": "admin"})
     await _send(request, "maintenance.auto_fsck", {"run_id": run_id, "tenant": tenant.label})
     return {"id": run_id, "status": "queued", "tenant": tenant.label}
@@ -141,7 +141,7 @@ async def start_auto_fsck(request: Request, body: FsckStart | None = None) -> di
 
 @router.get("/fsck/{run_id}")
 async def fsck_status(request: Request, run_id: RunId) -> dict[str, Any]:
-    async with request.app.state.pool.acquire() as conn:
+    async with gateway_state(request).pool.acquire() as conn:
         row = await runs_repo.get_run(conn, run_id)
         if row is None or row["job"] not in FSCK_JOBS:
             raise HTTPException(status_code=404, detail="fsck run not found")
@@ -152,7 +152,7 @@ async def fsck_status(request: Request, run_id: RunId) -> dict[str, Any]:
 @router.post("/fsck/{run_id}/apply")
 async def apply_fixes(request: Request, run_id: RunId, body: FsckApply | None = None) -> dict[str, Any]:
     body = body or FsckApply()
-    async with request.app.state.pool.acquire() as conn:
+    async with gateway_state(request).pool.acquire() as conn:
         row = await runs_repo.get_run(conn, run_id)
         if row is None or row["job"] not in FSCK_JOBS:
             raise HTTPException(status_code=404, detail="fsck run not found")
@@ -166,7 +166,7 @@ async def apply_fixes(request: Request, run_id: RunId, body: FsckApply | None = 
 @router.post("/sessions/reflect-all", status_code=202)
 async def reflect_all(request: Request) -> dict[str, Any]:
     """seed: reflect every unreflected ended session (the worker's sweep, now)."""
-    async with request.app.state.pool.acquire() as conn:
+    async with gateway_state(request).pool.acquire() as conn:
         pending = await runs_repo.unreflected_sessions(conn, 10_000)
     await _send(request, "maintenance.reflect_sweep", {})
     return {"queued": True, "pending": len(pending)}
@@ -175,7 +175,7 @@ async def reflect_all(request: Request) -> dict[str, Any]:
 @router.post("/sessions/{session_id}/reflect", status_code=202)
 async def reflect_session(request: Request, session_id: str) -> dict[str, Any]:
     """seed: run reflect for one session now (AutoReflect, as its own key)."""
-    async with request.app.state.pool.acquire() as conn:
+    async with gateway_state(request).pool.acquire() as conn:
         session = await runs_repo.session_row(conn, session_id)
     if session is None:
         raise HTTPException(status_code=404, detail="session not found")

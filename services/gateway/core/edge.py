@@ -19,8 +19,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from services.gateway.core import unavailable
 from services.gateway.core.auth import bearer_token
 from services.gateway.core.limits import body_limit_for
-from services.gateway.mcp.server import PRINCIPAL_SCOPE_KEY
-from services.gateway.sessions.registry import GatewaySession, token_digest
+from services.gateway.core.scope import INITIALIZE_SCOPE_KEY, PRINCIPAL_SCOPE_KEY, SESSION_SCOPE_KEY, TOKEN_SCOPE_KEY
+from services.gateway.core.state import GatewayState, state_of
+from services.gateway.core.state import started as state_built
+from services.gateway.core.wire import jsonrpc_error
+from services.gateway.sessions import ActiveSession, token_digest
 from shared.domain.principal import Principal
 from shared.repositories import fragments as fragments_repo
 
@@ -30,9 +33,6 @@ UNMETERED = ("/health", "/health/live", "/metrics")
 # seed: fragment usage behind X-RateLimit-* is cached for 10 s.
 USAGE_CACHE_SECONDS = 10.0
 USAGE_CACHE_SIZE = 10_000
-TOKEN_SCOPE_KEY = "engram.token"  # noqa: S105 - a scope key name, not a secret
-# Not a seed code: the JSON-RPC server-error range, as transports.unauthorized() uses for 401.
-UNAUTHORIZED = -32001
 
 SESSIONS_REVOKED = Counter(
     "mcp_session_key_revoked_total", "MCP sessions ended because their key was set inactive or deleted", ["state"]
@@ -56,13 +56,12 @@ def request_token(scope: Scope) -> str | None:
 
 
 class GatewayEdge:
-    def __init__(self, app: ASGIApp, state: Any) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self.state = state  # the FastAPI app's state, filled by its lifespan
         self._usage: TTLCache[str, int] = TTLCache(USAGE_CACHE_SIZE, USAGE_CACHE_SECONDS)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in UNMETERED or not hasattr(self.state, "limiter"):
+        if scope["type"] != "http" or scope["path"] in UNMETERED or not state_built(scope):
             await self.app(scope, receive, send)
             return
         started = False
@@ -82,7 +81,8 @@ class GatewayEdge:
             await unavailable.http_response(scope["path"], exc)(scope, receive, send)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
-        settings = self.state.settings
+        state = state_of(scope)
+        settings = state.settings
         body: bytes | None = None
         if scope["method"] in ("POST", "PUT", "PATCH"):
             try:
@@ -93,28 +93,33 @@ class GatewayEdge:
             receive = _replay(body, receive)
 
         token = request_token(scope)
-        principal = await self.state.authenticator.authenticate(token) if token else None
-        session = self._addressed_session(scope)
+        principal = await state.authenticator.authenticate(token) if token else None
+        if scope["path"] == "/mcp" and scope["method"] == "POST":
+            # Only a request without a session id may open one (and asks for the parse).
+            opening = Headers(scope=scope).get("mcp-session-id") is None and bool(body)
+            scope[INITIALIZE_SCOPE_KEY] = opening and _has_method(body or b"", "initialize")
+        session = await self._addressed_session(state, scope, token, body)
         if session is not None:
             # seed: Streamable HTTP authenticates at initialize "and the session keeps it"; the
             # key behind the session is still checked on every request, so a key set inactive
             # or deleted ends its sessions, and a session answers to no other credential.
-            refusal = await self._check_session(session, token, principal)
+            refusal, current = await self._check_session(state, session, token, principal)
             if refusal is not None:
                 await refusal(scope, receive, send)
                 return
-            if token is None and (scope["path"] == "/message" or self.state.registry.speaks_for(_session_id(scope))):
+            if token is None and (scope["path"] == "/message" or not session.retired):
                 # A live session id stands for the credential that opened the session (not
                 # an id a rotate replaced: that one works only with the credential itself).
-                principal = session.principal
+                principal = current
+            scope[SESSION_SCOPE_KEY] = session
         if principal is not None:
             scope[PRINCIPAL_SCOPE_KEY] = principal
             scope[TOKEN_SCOPE_KEY] = token
         if principal is None:
             client = scope.get("client")
-            allowed, retry = await self.state.limiter.hit("ip", client[0] if client else "unknown", settings.ip_rate_limit_per_min)
+            allowed, retry = await state.limiter.hit("ip", client[0] if client else "unknown", settings.ip_rate_limit_per_min)
         elif principal.key_id is not None:
-            allowed, retry = await self.state.limiter.hit("key", principal.key_id, settings.key_rate_limit_per_min)
+            allowed, retry = await state.limiter.hit("key", principal.key_id, settings.key_rate_limit_per_min)
         else:  # the master key is the operator's, not a tenant's; it is not metered
             allowed, retry = True, 0
         if not allowed:
@@ -125,45 +130,55 @@ class GatewayEdge:
             return
 
         if scope["path"] == "/mcp" and principal is not None:
-            send = await self._mcp(scope, body, principal, token, send)
+            send = await self._usage_headers(state, scope, body, principal, send)
         await self.app(scope, receive, send)
 
-    def _addressed_session(self, scope: Scope) -> GatewaySession | None:
+    async def _addressed_session(
+        self, state: GatewayState, scope: Scope, token: str | None, body: bytes | None
+    ) -> ActiveSession | None:
         """The session an MCP request names: Mcp-Session-Id on /mcp, ?sessionId= on /message."""
-        registry = getattr(self.state, "registry", None)
-        if registry is None or scope["path"] not in ("/mcp", "/message"):
+        if scope["path"] not in ("/mcp", "/message"):
             return None
-        session: GatewaySession | None = registry.get(_session_id(scope))
-        return session if session is not None and not session.closed else None
+        session_id = _session_id(scope)
+        if session_id is None and scope["path"] == "/mcp" and scope["method"] == "POST" and not scope[INITIALIZE_SCOPE_KEY] and body:
+            # seed: same Bearer, no Mcp-Session-Id -> the existing session comes back. A request
+            # inside a session goes to the Bearer's latest client id; an `initialize` gets an id
+            # of its own (two live clients of one key never share JSON-RPC ids) that continues
+            # the Bearer's idle logical session (services/gateway/sessions/).
+            session_id = await state.sessions.for_token(token, "streamable-http")
+        return await state.sessions.resolve(session_id)
 
-    async def _check_session(self, session: GatewaySession, token: str | None, principal: Principal | None) -> JSONResponse | None:
-        """Refresh the session's principal from its key; a refusal when the key is gone or the
-        request presents another credential."""
+    async def _check_session(
+        self, state: GatewayState, session: ActiveSession, token: str | None, principal: Principal | None
+    ) -> tuple[JSONResponse | None, Principal | None]:
+        """The session's principal, fresh from its key; or a refusal when the key is gone or
+        the request presents another credential."""
         if token is not None and principal is None:
             if session.token_digest is None or session.token_digest != token_digest(token):
                 # An unknown credential: /mcp refuses it further in (401 with the resource
                 # metadata); /message would otherwise serve it as the session's.
-                return _jsonrpc_error(401, "Unauthorized") if session.transport == "sse" else None
+                return (jsonrpc_error(401, "Unauthorized") if session.transport == "sse" else None), None
             current = None  # the session's own credential no longer authenticates
         elif principal is not None:
-            if principal.key_id != session.principal.key_id:
-                logger.warning("request for session of key %s presented key %s; refused", session.principal.key_id, principal.key_id)
+            if principal.key_id != session.key_id:
+                logger.warning("request for session of key %s presented key %s; refused", session.key_id, principal.key_id)
                 SESSION_FOREIGN_CREDENTIAL.inc()
-                return _jsonrpc_error(403, "Forbidden: this session belongs to another credential")
+                return jsonrpc_error(403, "Forbidden: this session belongs to another credential"), None
             current = principal  # authenticated just now, by the same key
         else:
-            current = await self.state.authenticator.principal_for_key(session.principal.key_id)
+            current = await state.authenticator.principal_for_key(session.key_id)
         if current is None:
-            key_id = session.principal.key_id
-            state = await self.state.authenticator.key_state(key_id) if key_id is not None else "invalid"
-            logger.info("ending session %s: key %s is %s", session.session_id, session.principal.key_id, state)
-            SESSIONS_REVOKED.labels(state).inc()
-            await self.state.transports.end_session(session, f"key_{state}")
-            return _jsonrpc_error(
-                401, f"Session ended: its API key is {state}", headers={"WWW-Authenticate": 'Bearer error="invalid_token"'}
+            key_id = session.key_id
+            key_state = await state.authenticator.key_state(key_id) if key_id is not None else "invalid"
+            logger.info("ending session %s: key %s is %s", session.session_id, key_id, key_state)
+            SESSIONS_REVOKED.labels(key_state).inc()
+            await state.sessions.end(session, f"key_{key_state}")
+            state.mcp.end_sse(session.transport_id)
+            refusal = jsonrpc_error(
+                401, f"Session ended: its API key is {key_state}", headers={"WWW-Authenticate": 'Bearer error="invalid_token"'}
             )
-        session.principal = current
-        return None
+            return refusal, None
+        return None, current
 
     async def _read_body(self, scope: Scope, receive: Receive, limit: int) -> bytes:
         length = Headers(scope=scope).get("content-length")
@@ -191,32 +206,15 @@ class GatewayEdge:
             body = {"error": "Payload Too Large"}
         await JSONResponse(body, status_code=413)(scope, receive, send)
 
-    async def _mcp(self, scope: Scope, body: bytes | None, principal: Principal, token: str | None, send: Send) -> Send:
-        registry = getattr(self.state, "registry", None)
-        headers = Headers(scope=scope)
-        session_id = headers.get("mcp-session-id")
-        # seed: same Bearer, no Mcp-Session-Id -> the existing session comes back. A request
-        # inside a session goes to the Bearer's latest transport session; an `initialize` opens
-        # a transport session of its own (two live clients of one key never share JSON-RPC
-        # ids) that continues the Bearer's idle logical session (services/gateway/sessions.py).
-        if registry is not None and scope["method"] == "POST" and session_id is None and body and not _has_method(body, "initialize"):
-            reused = registry.for_token(token, "streamable-http")
-            if reused is not None and reused in self.state.session_manager._server_instances:
-                scope["headers"] = [*scope["headers"], (b"mcp-session-id", reused.encode())]
-        session = registry.get(session_id) if registry is not None else None
-        if registry is not None and session is not None:
-            transport_id = session.ids.get(session_id, session_id)
-            if transport_id != session_id:  # an id issued by rotate: the SDK knows the transport by its own
-                scope["headers"] = [(k, v) for k, v in scope["headers"] if k != b"mcp-session-id"]
-                scope["headers"].append((b"mcp-session-id", transport_id.encode()))
-            if scope["method"] == "DELETE" and session.principal.key_id == principal.key_id:
-                await registry.close(transport_id, "client_delete")
+    async def _usage_headers(
+        self, state: GatewayState, scope: Scope, body: bytes | None, principal: Principal, send: Send
+    ) -> Send:
         if scope["method"] != "POST" or principal.key_id is None or principal.fragment_limit is None or not body:
             return send
         if not _has_method(body, "tools/call"):
             return send
         limit = principal.fragment_limit
-        used = await self._fragment_usage(principal.key_id)
+        used = await self._fragment_usage(state, principal.key_id)
         extra = [
             (b"x-ratelimit-limit", str(limit).encode()),
             (b"x-ratelimit-remaining", str(max(0, limit - used)).encode()),
@@ -230,11 +228,11 @@ class GatewayEdge:
 
         return send_with_headers
 
-    async def _fragment_usage(self, key_id: str) -> int:
+    async def _fragment_usage(self, state: GatewayState, key_id: str) -> int:
         cached = self._usage.get(key_id)
         if cached is not None:
             return cached
-        async with self.state.pool.acquire() as conn:
+        async with state.pool.acquire() as conn:
             # The same count ingest enforces the quota with (every row the key owns).
             used: int = await fragments_repo.count_owned(conn, key_id)
         self._usage[key_id] = used
@@ -249,16 +247,11 @@ def _session_id(scope: Scope) -> str | None:
     return Headers(scope=scope).get("mcp-session-id")
 
 
-def _jsonrpc_error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    body = {"jsonrpc": "2.0", "id": None, "error": {"code": UNAUTHORIZED, "message": message}}
-    return JSONResponse(body, status_code=status, headers=headers)
-
-
 def _has_method(body: bytes, method: str) -> bool:
     """Whether a JSON-RPC body (single or batch) carries a request for `method`."""
     try:
         message = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser's depth: JsonRpcGuard answers it
         return False
     messages = message if isinstance(message, list) else [message]
     return any(isinstance(m, dict) and m.get("method") == method for m in messages)

@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.gateway.mcp.server import PRINCIPAL_SCOPE_KEY
+from services.gateway.core.scope import PRINCIPAL_SCOPE_KEY
 
 logger = logging.getLogger(__name__)
 

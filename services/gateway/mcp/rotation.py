@@ -16,9 +16,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import Counter
 
-from services.gateway.mcp.server import PRINCIPAL_SCOPE_KEY
-from services.gateway.mcp.transports import Transports, unauthorized
-from services.gateway.sessions.registry import GatewaySession
+from services.gateway.core.scope import PRINCIPAL_SCOPE_KEY
+from services.gateway.core.state import gateway_state
+from services.gateway.core.wire import unauthorized
+from services.gateway.sessions import ActiveSession, Sessions
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +39,9 @@ def origin_allowed(origin: str, allowed: list[str]) -> bool:
     return any(origin == p or fnmatch.fnmatchcase(origin, p) for p in patterns)
 
 
-async def rotate(transports: Transports, session: GatewaySession, presented_id: str, reason: str) -> dict[str, Any]:
-    assert transports.registry is not None
-    old_id, new_id = await transports.registry.rotate(session, presented_id, reason)
+async def rotate(sessions: Sessions, session: ActiveSession, presented_id: str, reason: str) -> dict[str, Any]:
+    new_id = await sessions.rotate(session, reason)
+    old_id = presented_id
     ROTATIONS.labels(reason).inc()
     logger.info("session rotated (%s): %s -> %s", reason, old_id, new_id)
     return {
@@ -54,7 +55,7 @@ async def rotate(transports: Transports, session: GatewaySession, presented_id: 
 
 @router.post("/session/rotate")
 async def rotate_endpoint(request: Request) -> JSONResponse:
-    state = request.app.state
+    state = gateway_state(request)
     client = request.client.host if request.client else "unknown"
     allowed, retry = await state.limiter.hit("rotate", client, state.settings.rotate_rate_limit_per_min)
     if not allowed:
@@ -69,10 +70,10 @@ async def rotate_endpoint(request: Request) -> JSONResponse:
     session_id = request.headers.get("mcp-session-id")
     if not session_id:
         return JSONResponse({"ok": False, "error": "Mcp-Session-Id header required"}, status_code=400)
-    session = state.registry.get(session_id)
+    session = await state.sessions.resolve(session_id)
     if session is None:
         return JSONResponse({"ok": False, "error": "Session not found"}, status_code=404)
-    if session.principal.key_id != principal.key_id:
+    if session.key_id != principal.key_id:
         return JSONResponse({"ok": False, "error": "Forbidden"}, status_code=403)
     reason = DEFAULT_REASON
     if await request.body():
@@ -86,4 +87,4 @@ async def rotate_endpoint(request: Request) -> JSONResponse:
                 error = f"reason must be a string of at most {MAX_HTTP_REASON} characters"
                 return JSONResponse({"ok": False, "error": error}, status_code=400)
             reason = supplied or DEFAULT_REASON
-    return JSONResponse(await rotate(state.transports, session, session_id, reason))
+    return JSONResponse(await rotate(state.sessions, session, session_id, reason))

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
 import mcp_types as types
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.shared.exceptions import MCPError
 from opentelemetry import trace
@@ -17,10 +17,12 @@ from prometheus_client import Counter
 
 from services.common.internal import parse_arguments
 from services.gateway.core import unavailable
+from services.gateway.core.scope import OPENED_SCOPE_KEY, PRINCIPAL_SCOPE_KEY, SESSION_SCOPE_KEY, TOKEN_SCOPE_KEY
 from services.gateway.core.upstream import Upstreams
 from services.gateway.core.usage import DailyCalls
 from services.gateway.mcp import modes, skill_guide
-from services.gateway.sessions.registry import GatewaySession, SessionRegistry
+from services.gateway.mcp.rotation import rotate
+from services.gateway.sessions import ActiveSession, SessionGone, Sessions
 from shared.contract.base import check_storable
 from shared.contract.catalog import TOOLS, TOOLS_BY_NAME, ToolSpec
 from shared.domain.errors import INVALID_REQUEST, EngramError, PermissionDenied
@@ -31,8 +33,7 @@ from shared.telemetry import CORRELATION_HEADER, correlation_id, extract_context
 logger = logging.getLogger(__name__)
 _tracer = trace.get_tracer("engram.gateway")
 
-PRINCIPAL_SCOPE_KEY = "engram.principal"
-SESSION_STATE_KEY = "engram.session"
+Ctx = ServerRequestContext[Any, Any]
 # JSON-RPC server error for a key past its daily_limit (the seed names no code for it).
 DAILY_LIMIT_EXCEEDED = -32000
 
@@ -58,54 +59,6 @@ def check_permission(principal: Principal, spec_name: str, required: str | None)
     raise PermissionDenied(reason)
 
 
-@dataclass
-class GatewayContext:
-    """What the MCP handlers need; the app's lifespan fills in the clients."""
-
-    upstreams: Upstreams
-    pool: asyncpg.Pool | None = None
-    registry: SessionRegistry | None = None
-    daily_calls: DailyCalls | None = None
-    # rotate(session, reason) -> the seed's rotate reply; set by the app (it owns the transports).
-    rotate: Any = None
-    config: dict[str, Any] = field(default_factory=dict)
-
-
-def _connection(ctx: Any) -> Any:
-    # The SDK keeps per-connection state on the runner's Connection; ServerSession wraps it.
-    return ctx.session._connection
-
-
-def _session(ctx: Any) -> GatewaySession | None:
-    state = getattr(_connection(ctx), "state", None)
-    return state.get(SESSION_STATE_KEY) if state is not None else None
-
-
-def _principal(ctx: Any) -> Principal:
-    request = getattr(ctx, "request", None)
-    principal = request.scope.get(PRINCIPAL_SCOPE_KEY) if request is not None else None
-    if principal is None:
-        # Legacy SSE: POST /message carries no credential; the session holds the one from GET /sse.
-        session = _session(ctx)
-        if session is not None and session.closed:  # ended (its key was revoked) with a message in flight
-            raise MCPError(code=INVALID_REQUEST, message="Session ended")
-        principal = session.principal if session is not None else None
-    if principal is None:  # every transport authenticates first; this is a wiring bug
-        raise MCPError(code=INVALID_REQUEST, message="Internal error")
-    return principal
-
-
-def _mode(ctx: Any, principal: Principal) -> str | None:
-    request = getattr(ctx, "request", None)
-    header = modes.normalize(request.headers.get(modes.MODE_HEADER)) if request is not None else None
-    if header:
-        return header
-    session = _session(ctx)
-    if session is not None and session.mode:
-        return session.mode
-    return modes.normalize(principal.default_mode)
-
-
 def tool_listing(spec: ToolSpec) -> types.Tool:
     return types.Tool(name=spec.name, description=spec.description, input_schema=spec.input_schema(), meta=spec.meta())
 
@@ -118,57 +71,93 @@ def _text_result(result: dict[str, Any], is_error: bool = False) -> types.CallTo
     )
 
 
-def build_mcp_server(gw: GatewayContext, version: str) -> Server[Any]:
-    async def on_initialize(ctx: Any) -> None:
-        """Bind the connection to a gateway session: owner, mode, segment."""
-        connection = _connection(ctx)
-        transport_id = connection.session_id
-        if transport_id is None or gw.registry is None:
-            return
-        existing = gw.registry.get(transport_id)
-        # Legacy SSE: the session was opened (and authenticated) at GET /sse.
-        principal = existing.principal if existing is not None else _principal(ctx)
-        params = ctx.params or {}
-        request = getattr(ctx, "request", None)
-        header_mode = modes.normalize(request.headers.get(modes.MODE_HEADER)) if request is not None else None
-        mode_given = bool(header_mode or modes.normalize(params.get("mode")))
-        mode = header_mode or modes.normalize(params.get("mode")) or modes.normalize(principal.default_mode)
-        bound = connection.state.get(SESSION_STATE_KEY)
-        if bound is not None:
-            # A reused session initialized again: it keeps its state, the new mode applies.
-            bound.mode = mode
-            return
-        if existing is not None:
-            if mode_given:
-                existing.mode = mode
-            session = existing
-        else:
-            token = None
-            if request is not None:
-                scheme, _, value = (request.headers.get("authorization") or "").partition(" ")
-                token = value.strip() if scheme.lower() == "bearer" else None
-            session = await gw.registry.open(transport_id, "streamable-http", principal, token, mode, mode_given=mode_given)
-        connection.state[SESSION_STATE_KEY] = session
-        registry = gw.registry
+RESOURCES = {
+    "memory://stats": ("stats", "Fragment counts by type and tier, from memory_stats"),
+    "memory://topics": ("topics", "Every distinct topic label the caller can see"),
+    "memory://config": ("config", "Weights, limits and TTL thresholds in effect"),
+    "memory://active-session": ("active-session", "This session's tool activity"),
+}
 
-        async def closed() -> None:
-            await registry.close(transport_id, "session_end")
 
-        connection.exit_stack.push_async_callback(closed)
+def _scope(ctx: Ctx) -> dict[str, Any]:
+    """The ASGI scope of the HTTP request this message came in (the front door filled it)."""
+    request = ctx.request
+    return request.scope if request is not None else {}
 
-    async def middleware(ctx: Any, call_next: Any) -> Any:
+
+def _session(ctx: Ctx) -> ActiveSession | None:
+    scope = _scope(ctx)
+    session: ActiveSession | None = scope.get(SESSION_SCOPE_KEY) or scope.get(OPENED_SCOPE_KEY)
+    return session
+
+
+def _principal(ctx: Ctx) -> Principal:
+    principal: Principal | None = _scope(ctx).get(PRINCIPAL_SCOPE_KEY)
+    if principal is None:  # every transport authenticates first; this is a wiring bug
+        raise MCPError(code=INVALID_REQUEST, message="Internal error")
+    return principal
+
+
+def _header_mode(ctx: Ctx) -> str | None:
+    request = ctx.request
+    return modes.normalize(request.headers.get(modes.MODE_HEADER)) if request is not None else None
+
+
+def _mode(ctx: Ctx, principal: Principal) -> str | None:
+    header = _header_mode(ctx)
+    if header:
+        return header
+    session = _session(ctx)
+    if session is not None and session.mode:
+        return session.mode
+    return modes.normalize(principal.default_mode)
+
+
+class McpHandler:
+    """The tools, prompts and resources of the MCP surface, over the gateway's core: tools
+    forward to recall / ingest, or the gateway answers them itself."""
+
+    def __init__(
+        self, sessions: Sessions, upstreams: Upstreams, daily_calls: DailyCalls, pool: asyncpg.Pool,
+        config: dict[str, Any],
+    ) -> None:
+        self.sessions = sessions
+        self.upstreams = upstreams
+        self.daily_calls = daily_calls
+        self.pool = pool
+        self.config = config
+
+    def server(self, version: str) -> Server[Any]:
+        server: Server[Any] = Server(
+            "engram",
+            version=version,
+            instructions="Long-term memory: remember atomic fragments, recall them by meaning or keyword.",
+            on_list_tools=self.list_tools,
+            on_call_tool=self.call_tool,
+            on_list_prompts=self.list_prompts,
+            on_get_prompt=self.get_prompt,
+            on_list_resources=self.list_resources,
+            on_read_resource=self.read_resource,
+        )
+        server.middleware.append(self.middleware)
+        return server
+
+    # -- around every message ------------------------------------------------------------
+    async def middleware(self, ctx: Ctx, call_next: CallNext) -> HandlerResult:
         try:
-            return await handle(ctx, call_next)
+            return await self._handle(ctx, call_next)
         except unavailable.DEPENDENCY_ERRORS as exc:
             # Postgres (sessions, topics, daily counts) or an internal service is down: a
             # JSON-RPC error that says so, not the SDK's code 0 carrying the exception text.
             logger.warning("%s: %s", ctx.method, unavailable.reason(exc), exc_info=True)
             raise unavailable.mcp_error(exc) from None
+        except SessionGone:  # ended (its key was revoked) with a message in flight
+            raise MCPError(code=INVALID_REQUEST, message="Session ended") from None
 
-    async def handle(ctx: Any, call_next: Any) -> Any:
+    async def _handle(self, ctx: Ctx, call_next: CallNext) -> HandlerResult:
         if ctx.method == "initialize":
             result = await call_next(ctx)
-            await on_initialize(ctx)
+            await self.on_initialize(ctx)
             return result
         result = await call_next(ctx)
         if ctx.method == "tools/list" and isinstance(result, dict):
@@ -180,45 +169,45 @@ def build_mcp_server(gw: GatewayContext, version: str) -> Server[Any]:
                     tool["meta"] = spec.meta()
         return result
 
-    async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+    async def on_initialize(self, ctx: Ctx) -> None:
+        """Open the session this initialize starts (Streamable HTTP; legacy SSE opened its
+        own at GET /sse), or apply the mode of a session initialized again."""
+        principal = _principal(ctx)
+        params = ctx.params or {}
+        header_mode = _header_mode(ctx)
+        mode_given = bool(header_mode or modes.normalize(params.get("mode")))
+        mode = header_mode or modes.normalize(params.get("mode")) or modes.normalize(principal.default_mode)
+        scope = _scope(ctx)
+        existing: ActiveSession | None = scope.get(SESSION_SCOPE_KEY)
+        if existing is not None:
+            if mode_given or existing.transport == "streamable-http":
+                await self.sessions.set_mode(existing, mode if mode_given else existing.mode or mode)
+            return
+        if ctx.request is None:
+            return
+        token: str | None = scope.get(TOKEN_SCOPE_KEY)
+        scope[OPENED_SCOPE_KEY] = await self.sessions.open("streamable-http", principal, token, mode, mode_given=mode_given)
+
+    # -- tools ---------------------------------------------------------------------------
+    async def list_tools(self, ctx: Ctx, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         mode = _mode(ctx, _principal(ctx))
         shown = modes.visible(mode, list(TOOLS), lambda s: s.name)
         return types.ListToolsResult(tools=[tool_listing(spec) for spec in shown])
 
-    async def gateway_tool(ctx: Any, spec: ToolSpec, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool]:
-        args = parse_arguments(spec.args, arguments)
-        if spec.name == "get_skill_guide":
-            return skill_guide.guide(args.section), False
-        if spec.name == "session_rotate":
-            session = _session(ctx)
-            if session is None or gw.rotate is None:
-                return {"ok": False, "error": "no session to rotate"}, True
-            presented = gw.registry.client_id(session, _connection(ctx).session_id) if gw.registry else session.session_id
-            return await gw.rotate(session, presented, args.reason or "explicit_rotate"), False
-        raise MCPError(code=-32602, message=f"Unknown tool: {spec.name}")
-
-    async def enforce_daily_limit(principal: Principal) -> None:
-        if principal.key_id is None or principal.daily_limit is None or gw.daily_calls is None:
-            return
-        calls = await gw.daily_calls.count(principal.key_id)
-        if calls > principal.daily_limit:
-            raise MCPError(code=DAILY_LIMIT_EXCEEDED, message=f"Daily limit exceeded ({principal.daily_limit} calls per day)")
-
-    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        # The handler runs in the session's task, whose context came from whichever request
-        # opened it; this call's trace context and correlation id come from its own headers.
-        request = getattr(ctx, "request", None)
+    async def call_tool(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
+        # This call's trace context and correlation id come from its own headers.
+        request = ctx.request
         headers = {k.lower(): v for k, v in request.headers.items()} if request is not None else {}
         token = correlation_id.set(headers.get(CORRELATION_HEADER) or new_correlation_id())
         try:
             with _tracer.start_as_current_span(
                 f"tools/call {params.name}", context=extract_context(headers), kind=trace.SpanKind.SERVER
             ):
-                return await _call_tool(ctx, params)
+                return await self._call_tool(ctx, params)
         finally:
             correlation_id.reset(token)
 
-    async def _call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def _call_tool(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
         principal = _principal(ctx)
         spec = TOOLS_BY_NAME.get(params.name)
         if spec is None:
@@ -230,24 +219,43 @@ def build_mcp_server(gw: GatewayContext, version: str) -> Server[Any]:
         arguments = dict(params.arguments or {})
         try:
             check_permission(principal, spec.name, spec.permission)
-            await enforce_daily_limit(principal)
+            await self._enforce_daily_limit(principal)
             session = _session(ctx)
             wire_session = None
-            if session is not None and gw.registry is not None:
-                segment = await gw.registry.current_segment(session, spec.name)
+            if session is not None:
+                segment = await self.sessions.current_segment(session, spec.name)
                 wire_session = {"id": segment, "transport_id": session.session_id}
             check_storable(arguments)  # NaN / Infinity cannot cross the internal JSON hop
             if spec.service == "gateway":
-                result, is_error = await gateway_tool(ctx, spec, arguments)
+                result, is_error = await self._gateway_tool(ctx, spec, arguments)
             else:
-                result, is_error = await gw.upstreams.call(spec.service, spec.name, arguments, principal, wire_session)
+                result, is_error = await self.upstreams.call(spec.service, spec.name, arguments, principal, wire_session)
         except EngramError as exc:
             MCP_TOOL_CALLS.labels(spec.name, "error").inc()
             raise MCPError(code=exc.code, message=exc.message, data=exc.data) from None
         MCP_TOOL_CALLS.labels(spec.name, "tool_error" if is_error else "ok").inc()
         return _text_result(result, is_error)
 
-    async def list_prompts(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListPromptsResult:
+    async def _gateway_tool(self, ctx: Ctx, spec: ToolSpec, arguments: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        args = parse_arguments(spec.args, arguments)
+        if spec.name == "get_skill_guide":
+            return skill_guide.guide(args.section), False
+        if spec.name == "session_rotate":
+            session = _session(ctx)
+            if session is None:
+                return {"ok": False, "error": "no session to rotate"}, True
+            return await rotate(self.sessions, session, session.current_client_id, args.reason or "explicit_rotate"), False
+        raise MCPError(code=-32602, message=f"Unknown tool: {spec.name}")
+
+    async def _enforce_daily_limit(self, principal: Principal) -> None:
+        if principal.key_id is None or principal.daily_limit is None:
+            return
+        calls = await self.daily_calls.count(principal.key_id)
+        if calls > principal.daily_limit:
+            raise MCPError(code=DAILY_LIMIT_EXCEEDED, message=f"Daily limit exceeded ({principal.daily_limit} calls per day)")
+
+    # -- prompts -------------------------------------------------------------------------
+    async def list_prompts(self, ctx: Ctx, params: types.PaginatedRequestParams | None) -> types.ListPromptsResult:
         return types.ListPromptsResult(
             prompts=[
                 types.Prompt(
@@ -259,7 +267,7 @@ def build_mcp_server(gw: GatewayContext, version: str) -> Server[Any]:
             ]
         )
 
-    async def get_prompt(ctx: Any, params: types.GetPromptRequestParams) -> types.GetPromptResult:
+    async def get_prompt(self, ctx: Ctx, params: types.GetPromptRequestParams) -> types.GetPromptResult:
         if params.name not in skill_guide.PROMPTS:
             raise MCPError(code=-32602, message=f"Unknown prompt: {params.name}")
         description, declared = skill_guide.PROMPTS[params.name]
@@ -273,72 +281,54 @@ def build_mcp_server(gw: GatewayContext, version: str) -> Server[Any]:
             messages=[types.PromptMessage(role="user", content=types.TextContent(type="text", text=text))],
         )
 
-    resources = {
-        "memory://stats": ("stats", "Fragment counts by type and tier, from memory_stats"),
-        "memory://topics": ("topics", "Every distinct topic label the caller can see"),
-        "memory://config": ("config", "Weights, limits and TTL thresholds in effect"),
-        "memory://active-session": ("active-session", "This session's tool activity"),
-    }
-
-    async def list_resources(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
+    # -- resources -----------------------------------------------------------------------
+    async def list_resources(self, ctx: Ctx, params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
         return types.ListResourcesResult(
             resources=[
                 types.Resource(uri=uri, name=name, description=description, mime_type="application/json")
-                for uri, (name, description) in resources.items()
+                for uri, (name, description) in RESOURCES.items()
             ]
         )
 
-    async def read_resource(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+    async def read_resource(self, ctx: Ctx, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
         try:
-            return await read_resource_body(ctx, str(params.uri))
+            return await self._read_resource(ctx, str(params.uri))
         except EngramError as exc:
             raise MCPError(code=exc.code, message=exc.message, data=exc.data) from None
 
-    async def read_resource_body(ctx: Any, uri: str) -> types.ReadResourceResult:
+    async def _read_resource(self, ctx: Ctx, uri: str) -> types.ReadResourceResult:
         principal = _principal(ctx)
+        body: dict[str, Any]
         if uri == "memory://stats":
             check_permission(principal, "memory_stats", "read")
-            body, _ = await gw.upstreams.call("recall", "memory_stats", {}, principal, None)
+            body, _ = await self.upstreams.call("recall", "memory_stats", {}, principal, None)
         elif uri == "memory://topics":
             check_permission(principal, "recall", "read")
-            if gw.pool is None:  # the lifespan sets it before the first request
-                raise RuntimeError("gateway pool not set up")
-            async with gw.pool.acquire() as conn:
+            async with self.pool.acquire() as conn:
                 body = {"topics": await topics_repo.list_topics(conn, principal)}
         elif uri == "memory://config":
-            body = gw.config
+            body = self.config
         elif uri == "memory://active-session":
-            session = _session(ctx)
-            body = (
-                {
-                    "sessionId": session.session_id,
-                    # The id this connection's client uses (a reconnect or a rotate gives it a new one).
-                    "transportId": gw.registry.client_id(session, _connection(ctx).session_id) if gw.registry else session.session_id,
-                    "segmentId": session.segment_id(gw.registry.segmented if gw.registry else False),
-                    "transport": session.transport,
-                    "mode": session.mode,
-                    "keyId": session.principal.key_id,
-                    "startedAt": session.started_at,
-                    "activity": list(session.activity),
-                }
-                if session is not None
-                else {"sessionId": None, "activity": []}
-            )
+            body = await self._active_session(ctx)
         else:
             raise MCPError(code=-32602, message=f"Unknown resource: {uri}")
         text = json.dumps(body, ensure_ascii=False, default=str)
         return types.ReadResourceResult(contents=[types.TextResourceContents(uri=uri, mime_type="application/json", text=text)])
 
-    server: Server[Any] = Server(
-        "engram",
-        version=version,
-        instructions="Long-term memory: remember atomic fragments, recall them by meaning or keyword.",
-        on_list_tools=list_tools,
-        on_call_tool=call_tool,
-        on_list_prompts=list_prompts,
-        on_get_prompt=get_prompt,
-        on_list_resources=list_resources,
-        on_read_resource=read_resource,
-    )
-    server.middleware.append(middleware)
-    return server
+    async def _active_session(self, ctx: Ctx) -> dict[str, Any]:
+        seen = _session(ctx)
+        # The store's latest (another replica may have served the last call).
+        session = await self.sessions.resolve(seen.client_id, touch=False) if seen is not None else None
+        if session is None:
+            return {"sessionId": None, "activity": []}
+        return {
+            "sessionId": session.session_id,
+            # The id this connection's client uses (a reconnect or a rotate gives it a new one).
+            "transportId": session.current_client_id,
+            "segmentId": session.segment_id(self.sessions.segmented),
+            "transport": session.transport,
+            "mode": session.mode,
+            "keyId": session.key_id,
+            "startedAt": session.doc["started_at"],
+            "activity": session.activity(),
+        }

@@ -1,50 +1,56 @@
-"""The MCP transports: Streamable HTTP (/mcp) and legacy SSE (GET /sse + POST /message),
-both served by the SDK around one low-level Server."""
+"""The MCP transports: Streamable HTTP (/mcp) and legacy SSE (GET /sse + POST /message).
+
+Streamable HTTP is stateless in the SDK (a fresh transport per request, no session map in
+this process); the gateway owns Mcp-Session-Id: an `initialize` that succeeds gets a new id
+(services/gateway/sessions/), every later request was resolved by the front door and carries
+its session in the ASGI scope, so any replica serves any request. GET /mcp is served here: an
+event stream of keep-alive comments (Engram sends no server-initiated messages) that ends when
+the session does. DELETE ends the session.
+
+Legacy SSE stays with the replica that holds its stream; a POST /message that reaches another
+replica is forwarded to the holder (its internal URL is kept with the session), or refused
+with a clear error when the holder is gone."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from contextlib import AsyncExitStack
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
-from urllib.parse import parse_qs
-from uuid import UUID
 
-from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
-from mcp.server.auth.provider import AccessToken
+import anyio
+import httpx
 from mcp.server.lowlevel.server import Server
 from mcp.server.runner import serve_loop
 from mcp.server.sse import SseServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.datastructures import Headers
-from starlette.responses import JSONResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
-from services.gateway.core.edge import TOKEN_SCOPE_KEY
+from services.gateway.core.scope import (
+    INITIALIZE_SCOPE_KEY,
+    OPENED_SCOPE_KEY,
+    PRINCIPAL_SCOPE_KEY,
+    SESSION_SCOPE_KEY,
+    TOKEN_SCOPE_KEY,
+)
+from services.gateway.core.wire import jsonrpc_error, session_id_missing, session_not_found, unauthorized
 from services.gateway.mcp import modes
-from services.gateway.mcp.server import PRINCIPAL_SCOPE_KEY
-from services.gateway.sessions.registry import GatewaySession, SessionRegistry
-from shared.domain.principal import Principal
+from services.gateway.sessions import ActiveSession, Sessions
 from shared.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
 
-
-def resource_metadata_url(scope: Scope) -> str:
-    headers = Headers(scope=scope)
-    host = headers.get("host", "localhost")
-    scheme = headers.get("x-forwarded-proto", scope.get("scheme", "http"))
-    return f"{scheme}://{host}/.well-known/oauth-protected-resource"
-
-
-def unauthorized(scope: Scope) -> JSONResponse:
-    """401 with the RFC 9728 pointer to the protected-resource metadata."""
-    return JSONResponse(
-        {"jsonrpc": "2.0", "id": None, "error": {"code": -32001, "message": "Unauthorized"}},
-        status_code=401,
-        headers={"WWW-Authenticate": f'Bearer resource_metadata="{resource_metadata_url(scope)}"'},
-    )
+# How often an open GET stream looks whether its session still lives, and sends a comment.
+STREAM_POLL_SECONDS = 1.0
+KEEPALIVE_SECONDS = 15.0
+_ENDPOINT_SESSION = re.compile(rb"session_id=([0-9a-f]{32})")
+# Marks a /message forwarded by another replica (it is not forwarded again).
+FORWARDED_HEADER = "x-engram-forwarded-by"
+FORWARD_TIMEOUT_SECONDS = 30.0
 
 
 def transport_security(settings: GatewaySettings) -> TransportSecuritySettings:
@@ -64,76 +70,72 @@ def transport_security(settings: GatewaySettings) -> TransportSecuritySettings:
     return TransportSecuritySettings(enable_dns_rebinding_protection=False)
 
 
-def _as_user(principal: Principal) -> AuthenticatedUser:
-    # The SDK refuses a session to any credential other than the one that opened it.
-    subject = principal.key_id or "master"
-    return AuthenticatedUser(AccessToken(token="", client_id=subject, scopes=list(principal.permissions or ()), subject=subject))
-
-
 class Transports:
-    def __init__(self, server: Server[Any], settings: GatewaySettings) -> None:
+    def __init__(self, server: Server[Any], settings: GatewaySettings, sessions: Sessions) -> None:
         self.server = server
-        self.settings = settings
+        self.sessions = sessions
+        self.internal_url = settings.internal_url
+        self._forward = httpx.AsyncClient(timeout=FORWARD_TIMEOUT_SECONDS)
         security = transport_security(settings)
         self.streamable = StreamableHTTPSessionManager(
             app=server,
             security_settings=security,
             max_request_body_size=settings.max_body_bytes,
-            session_idle_timeout=settings.session_idle_timeout.total_seconds(),
+            stateless=True,
             json_response=True,
         )
         self.sse = SseServerTransport("/message", security_settings=security, max_request_body_size=settings.max_body_bytes)
-        self._sse_open = asyncio.Lock()
-        self.registry: SessionRegistry | None = None
+        # Legacy SSE sessions whose stream this replica holds -> the cancel scope of its loop.
+        self._sse_streams: dict[str, anyio.CancelScope] = {}
 
     # -- Streamable HTTP ---------------------------------------------------------------
     async def mcp(self, scope: Scope, receive: Receive, send: Send) -> None:
-        principal = scope.get(PRINCIPAL_SCOPE_KEY)
-        if principal is None:
+        if scope.get(PRINCIPAL_SCOPE_KEY) is None:
             await unauthorized(scope)(scope, receive, send)
             return
-        scope["user"] = _as_user(principal)
-        session_id = Headers(scope=scope).get("mcp-session-id")
-        registry = self.registry
-        session = registry.get(session_id) if registry is not None else None
-        if session is None or registry is None or session_id is None:
+        headers = Headers(scope=scope)
+        version = headers.get("mcp-protocol-version")
+        if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
+            # The sessionless protocol era: the SDK serves it whole.
             await self.streamable.handle_request(scope, receive, send)
             return
-        # An id issued by rotate arrives here already turned into its transport's (the edge).
-        transport_id = session.ids.get(session_id, session_id)
-        if session.ids.get(session.session_id) == transport_id and session.session_id != transport_id:
-            send = _answering_as(session.session_id, send)  # tell the client the id rotate gave it
-        registry.request_started(session)
-        try:
-            await self.streamable.handle_request(scope, receive, send)
-        finally:
-            registry.request_ended(session, stream=scope["method"] == "GET")
-
-    async def end_transport(self, transport_id: str) -> None:
-        """End a Streamable HTTP transport session whose logical session a reconnect took over."""
-        transport = self.streamable._server_instances.pop(transport_id, None)
-        self.streamable._session_owners.pop(transport_id, None)
-        if transport is not None and not transport.is_terminated:
-            await transport.terminate()
-
-    async def end_session(self, session: GatewaySession, reason: str) -> None:
-        """End a logical session and every transport session of it (its key was set inactive
-        or deleted): its ids answer as unknown from now on, on both transports."""
-        if self.registry is None:
-            return
-        for transport_id in list(session.transports):
-            await self.registry.close(transport_id, reason)
-            if session.transport == "sse":
-                self._end_sse(transport_id)
+        session: ActiveSession | None = scope.get(SESSION_SCOPE_KEY)
+        if session is None:
+            if headers.get("mcp-session-id") is not None:
+                await session_not_found()(scope, receive, send)
+            elif scope["method"] == "POST" and scope.get(INITIALIZE_SCOPE_KEY):
+                await self.streamable.handle_request(scope, receive, _naming_opened(scope, send))
             else:
-                await self.end_transport(transport_id)
+                await session_id_missing()(scope, receive, send)
+            return
+        if scope["method"] == "GET":
+            # Counted open before the client can see it, closed as soon as the client goes.
+            await self.sessions.stream_opened(session)
+            try:
+                await self._stream(session)(scope, receive, send)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self.sessions.stream_closed(session)
+        elif scope["method"] == "DELETE":
+            await self.sessions.detach(session, "client_delete")
+            await Response(status_code=200)(scope, receive, send)
+        else:
+            await self.streamable.handle_request(scope, receive, _naming(session.current_client_id, send))
 
-    def _end_sse(self, session_id: str) -> None:
-        # Without its writer the SDK answers POST /message with 404; closing it ends the
-        # session's serve loop, and with it the event stream.
-        writer = self.sse._read_stream_writers.pop(UUID(hex=session_id), None)
-        if writer is not None:
-            writer.close()
+    def _stream(self, session: ActiveSession) -> StreamingResponse:
+        async def events() -> AsyncIterator[str]:
+            waited = 0.0
+            while await self.sessions.resolve(session.client_id, touch=False) is not None:
+                await anyio.sleep(STREAM_POLL_SECONDS)
+                waited += STREAM_POLL_SECONDS
+                if waited >= KEEPALIVE_SECONDS:
+                    waited = 0.0
+                    yield ": keep-alive\n\n"
+
+        return StreamingResponse(
+            events(), media_type="text/event-stream",
+            headers={"mcp-session-id": session.current_client_id, "cache-control": "no-cache, no-transform"},
+        )
 
     # -- legacy SSE --------------------------------------------------------------------
     async def sse_connect(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -141,42 +143,85 @@ class Transports:
         if principal is None:
             await unauthorized(scope)(scope, receive, send)
             return
-        registry = self.registry
-        if registry is None:  # the app's lifespan sets it before the first request
-            raise RuntimeError("session registry not set up")
         mode = modes.normalize(Headers(scope=scope).get(modes.MODE_HEADER)) or modes.normalize(principal.default_mode)
-        async with AsyncExitStack() as stack:
-            # connect_sse names the session itself; opening one at a time lets us learn the name.
-            async with self._sse_open:
-                before = set(self.sse._read_stream_writers)
-                read, write = await stack.enter_async_context(self.sse.connect_sse(scope, receive, _endpoint_as_seed(send)))
-                opened = set(self.sse._read_stream_writers) - before
-            session_id = opened.pop().hex
-            await registry.open(session_id, "sse", principal, scope.get(TOKEN_SCOPE_KEY), mode)
-            try:
-                await serve_loop(
-                    self.server, read, write,
-                    lifespan_state=self.streamable._lifespan_state,
-                    session_id=session_id,
-                )
-            finally:
-                await registry.close(session_id, "sse_disconnect")
+        opened: list[ActiveSession] = []
+        ready = anyio.Event()
+        with anyio.CancelScope() as cancel:
+
+            async def on_named(client_id: str) -> None:
+                # Before the client learns the id: its first POST /message may come at once.
+                opened.append(await self.sessions.open(
+                    "sse", principal, scope.get(TOKEN_SCOPE_KEY), mode, client_id=client_id, owner=self.internal_url
+                ))
+                self._sse_streams[client_id] = cancel
+                self.sessions.held_sse.add(client_id)
+                ready.set()
+
+            # mcp 2.3.0 has no public hook that names an SSE session; its endpoint event does.
+            async with self.sse.connect_sse(scope, receive, _endpoint_as_seed(send, on_named)) as (read, write):
+                with anyio.fail_after(10):
+                    await ready.wait()
+                session = opened[0]
+                try:
+                    await serve_loop(self.server, read, write, lifespan_state={}, session_id=session.client_id)
+                finally:
+                    self._sse_streams.pop(session.client_id, None)
+                    self.sessions.held_sse.discard(session.client_id)
+                    with anyio.CancelScope(shield=True):
+                        await self.sessions.detach(session, "sse_disconnect")
+
+    def end_sse(self, client_id: str) -> None:
+        """End a legacy SSE stream this replica holds (its session ended: key revoked)."""
+        cancel = self._sse_streams.get(client_id)
+        if cancel is not None:
+            cancel.cancel()
 
     async def sse_message(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # seed: POST /message?sessionId=; the SDK reads session_id. Both spellings work.
-        query = scope.get("query_string", b"")
-        if b"sessionId=" in query and b"session_id=" not in query:
-            query = scope["query_string"] = query.replace(b"sessionId=", b"session_id=")
-        values = parse_qs(query.decode()).get("session_id")
-        if values and self.registry is not None:
-            transport_id = self.registry.transport_of(values[0])
-            if transport_id and transport_id != values[0]:  # an id issued by rotate
-                scope["query_string"] = query.replace(values[0].encode(), transport_id.encode())
+        session: ActiveSession | None = scope.get(SESSION_SCOPE_KEY)
+        if session is None:
+            await jsonrpc_error(404, "Could not find session", code=-32600)(scope, receive, send)
+            return
+        if session.transport_id not in self._sse_streams:
+            await self._to_holder(session, scope, receive, send)
+            return
+        # seed: POST /message?sessionId=; the SDK reads session_id, with the id of the stream.
+        scope["query_string"] = f"session_id={session.transport_id}".encode()
         await self.sse.handle_post_message(scope, receive, send)
 
-def _answering_as(session_id: str, send: Send) -> Send:
-    """Answer with the session's current id (after a rotate) in Mcp-Session-Id."""
-    value = session_id.encode()
+
+    async def _to_holder(self, session: ActiveSession, scope: Scope, receive: Receive, send: Send) -> None:
+        """Forward a /message to the replica that holds the session's stream."""
+        headers = Headers(scope=scope)
+        owner = session.owner
+        if owner is None or owner == self.internal_url or headers.get(FORWARDED_HEADER):
+            await jsonrpc_error(404, "Could not find session", code=-32600)(scope, receive, send)
+            return
+        body = b""
+        more = True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        query = scope.get("query_string", b"").decode()
+        forwarded = {k: v for k, v in headers.items() if k in ("authorization", "content-type", "host", "origin", "mcp-protocol-version")}
+        forwarded[FORWARDED_HEADER] = self.internal_url
+        try:
+            reply = await self._forward.post(f"{owner}/message?{query}", content=body, headers=forwarded)
+        except httpx.HTTPError:
+            logger.warning("legacy SSE session %s: its replica %s does not answer", session.client_id, owner)
+            gone = "This legacy SSE session's stream was on a gateway replica that is gone; reconnect"
+            await jsonrpc_error(404, gone, code=-32600)(scope, receive, send)
+            return
+        media = reply.headers.get("content-type")
+        await Response(reply.content, status_code=reply.status_code, media_type=media)(scope, receive, send)
+
+    async def aclose(self) -> None:
+        await self._forward.aclose()
+
+
+def _naming(client_id: str, send: Send) -> Send:
+    """Answer with the session's current id in Mcp-Session-Id (a rotate gives a new one)."""
+    value = client_id.encode()
 
     async def rewrite(message: Message) -> None:
         if message["type"] == "http.response.start":
@@ -188,15 +233,28 @@ def _answering_as(session_id: str, send: Send) -> Send:
     return rewrite
 
 
-def _endpoint_as_seed(send: Send) -> Send:
+def _naming_opened(scope: Scope, send: Send) -> Send:
+    """An initialize names the session it opened (the handler put it in the scope)."""
+
+    async def rewrite(message: Message) -> None:
+        opened: ActiveSession | None = scope.get(OPENED_SCOPE_KEY)
+        if message["type"] == "http.response.start" and opened is not None:
+            message = {**message, "headers": [*message.get("headers", []), (b"mcp-session-id", opened.client_id.encode())]}
+        await send(message)
+
+    return rewrite
+
+
+def _endpoint_as_seed(send: Send, on_named: Callable[[str], Awaitable[None]]) -> Send:
     """The endpoint event names the message URL with the seed's `sessionId` parameter."""
 
     async def rewrite(message: Message) -> None:
         if message["type"] == "http.response.body":
             body = message.get("body", b"")
-            if b"event: endpoint" in body and b"session_id=" in body:
+            found = _ENDPOINT_SESSION.search(body) if b"event: endpoint" in body else None
+            if found is not None:
+                await on_named(found.group(1).decode())
                 message = {**message, "body": body.replace(b"session_id=", b"sessionId=")}
         await send(message)
 
     return rewrite
-

@@ -34,6 +34,7 @@ from starlette.routing import Route
 from services.gateway.core.auth import OAUTH_TOKEN_PREFIX as TOKEN_PREFIX
 from services.gateway.core.auth import Authenticator, bearer_token
 from services.gateway.core.limits import RateLimiter
+from services.gateway.core.state import gateway_state, state_of
 from services.gateway.oauth.consent import CSRF_FIELD, KEY_FIELD, ConsentCsrf, ConsentRefused, consent_page, consenting_key, cookie_name
 from shared.repositories import oauth as oauth_repo
 from shared.settings import GatewaySettings
@@ -218,7 +219,7 @@ async def protected_resource_metadata(request: Request) -> JSONResponse:
 
 
 async def register(request: Request) -> JSONResponse:
-    state = request.app.state
+    state = gateway_state(request)
     try:
         body = await request.json()
     except ValueError:
@@ -282,7 +283,7 @@ AUTH_FIELDS = ("response_type", "client_id", "redirect_uri", "code_challenge", "
 async def _validated(request: Request, params: dict[str, str]) -> RegisteredClient | Response:
     """The client, when the authorization request is well formed; else the error response (never
     a redirect: the redirect URI is not trusted yet)."""
-    service: OAuthService = request.app.state.oauth
+    service: OAuthService = gateway_state(request).oauth
     client_id = params.get("client_id", "")
     client = await service.registered(client_id) if client_id else None
     if client is None:
@@ -312,7 +313,8 @@ async def authorize_page(request: Request) -> Response:
     checked = await _validated(request, params)
     if isinstance(checked, Response):
         return checked
-    return consent_page(request, client_id=checked.client_id, bound_key_id=checked.key_id, params=params, csrf=request.app.state.oauth.csrf)
+    csrf = gateway_state(request).oauth.csrf
+    return consent_page(request, client_id=checked.client_id, bound_key_id=checked.key_id, params=params, csrf=csrf)
 
 
 async def authorize_decision(request: Request) -> Response:
@@ -322,7 +324,7 @@ async def authorize_decision(request: Request) -> Response:
     if isinstance(checked, Response):
         return checked
     client = checked
-    service: OAuthService = request.app.state.oauth
+    service: OAuthService = gateway_state(request).oauth
     redirect_uri = params["redirect_uri"]
     state_param = {"state": params["state"]} if params.get("state") else {}
     if form.get("decision") != "allow":
@@ -336,7 +338,7 @@ async def authorize_decision(request: Request) -> Response:
 
     # Wrong keys are throttled per client IP with the gateway's limiter; the check comes first,
     # so past the limit even the right key waits (a throttled guesser learns nothing).
-    limiter: RateLimiter = request.app.state.limiter
+    limiter: RateLimiter = gateway_state(request).limiter
     limit = service.settings.oauth_consent_failures_per_min
     address = request.client.host if request.client else "unknown"
     throttled, retry = await limiter.exceeded("consent", address, limit)
@@ -344,7 +346,7 @@ async def authorize_decision(request: Request) -> Response:
         return again(f"Too many wrong keys from this address; try again in {retry} s.", 429, {"Retry-After": str(retry)})
     try:
         service.csrf.check(str(form.get(CSRF_FIELD) or ""), request.cookies.get(cookie_name(request)), params)
-        authenticator: Authenticator = request.app.state.authenticator
+        authenticator: Authenticator = gateway_state(request).authenticator
         key_id = await consenting_key(authenticator, str(form.get(KEY_FIELD) or ""), client.key_id)
     except ConsentRefused as refused:
         if refused.wrong_key:
@@ -373,7 +375,7 @@ async def _token_redirect_differs(service: OAuthService, request: Request) -> Re
 def install_oauth(app: FastAPI) -> None:
     class _Token:
         async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-            service: OAuthService = app.state.oauth
+            service = state_of(scope).oauth
             request = Request(scope, receive)
             response = await _token_redirect_differs(service, request)
             if response is None:

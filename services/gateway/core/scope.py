@@ -1,0 +1,7 @@
+"""What the front door (core/edge.py) learns about a request and hands inward in its ASGI scope."""
+
+PRINCIPAL_SCOPE_KEY = "engram.principal"  # the caller's Principal
+TOKEN_SCOPE_KEY = "engram.token"  # noqa: S105 - a scope key name, not a secret
+SESSION_SCOPE_KEY = "engram.session"  # the ActiveSession the request names (sessions/)
+OPENED_SCOPE_KEY = "engram.session-opened"  # the ActiveSession an initialize opened
+INITIALIZE_SCOPE_KEY = "engram.initialize"  # whether a POST body carries an `initialize`

@@ -1,0 +1,292 @@
+"""Where logical MCP sessions live: Redis, so any gateway replica serves any request, or this
+process when Redis is off (REDIS_ENABLED=false: one replica only).
+
+Both stores keep JSON documents under string keys with a time to live, change one document
+atomically (Redis: WATCH/MULTI, retried when another replica wrote it in between; here: one
+lock) and keep an index of when each session was last used, which the idle sweep reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError, WatchError
+
+Document = dict[str, Any]
+Change = Callable[[Document], Document | None]  # the new document, or None to delete it
+
+LAST_USED_INDEX = "gw:sessions:last-used"
+# Redis down, hung (a timeout) or refused by the client's breaker (shared/redis_breaker.py).
+UNREACHABLE = (RedisError, OSError)
+
+
+class SessionStore(Protocol):
+    async def get(self, key: str) -> Document | None: ...
+
+    async def get_many(self, keys: list[str]) -> list[Document | None]: ...
+
+    async def put(self, key: str, value: Document, ttl: float) -> None: ...
+
+    async def put_new(self, key: str, value: Document, ttl: float) -> bool: ...
+
+    async def delete(self, *keys: str) -> None: ...
+
+    async def update(self, key: str, change: Change, ttl: float) -> tuple[Document | None, Document | None]:
+        """Apply `change` to the document atomically; (before, after). A missing document is
+        left missing (`change` is not called)."""
+        ...
+
+    async def touch(self, handle: str, keys: list[str], ttl: float) -> None:
+        """The session was used now: refresh its keys' time to live and its last-used time."""
+        ...
+
+    async def last_used(self, handle: str) -> float | None: ...
+
+    async def unused_since(self, before: float) -> list[str]: ...
+
+    async def forget_use(self, handle: str) -> None: ...
+
+    async def count_used(self) -> int: ...
+
+    async def aclose(self) -> None: ...
+
+
+def _ttl_ms(ttl: float) -> int:
+    return max(1, int(ttl * 1000))
+
+
+class RedisSessionStore:
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self.redis = redis
+
+    async def get(self, key: str) -> Document | None:
+        raw = await self.redis.get(key)
+        return json.loads(raw) if raw else None
+
+    async def get_many(self, keys: list[str]) -> list[Document | None]:
+        if not keys:
+            return []
+        return [json.loads(raw) if raw else None for raw in await self.redis.mget(keys)]
+
+    async def put(self, key: str, value: Document, ttl: float) -> None:
+        await self.redis.set(key, json.dumps(value), px=_ttl_ms(ttl))
+
+    async def put_new(self, key: str, value: Document, ttl: float) -> bool:
+        return bool(await self.redis.set(key, json.dumps(value), px=_ttl_ms(ttl), nx=True))
+
+    async def delete(self, *keys: str) -> None:
+        if keys:
+            await self.redis.delete(*keys)
+
+    async def update(self, key: str, change: Change, ttl: float) -> tuple[Document | None, Document | None]:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(key)
+                    raw = await pipe.get(key)
+                    if not raw:
+                        await pipe.unwatch()
+                        return None, None
+                    before = json.loads(raw)
+                    after = change(json.loads(raw))
+                    pipe.multi()
+                    if after is None:
+                        pipe.delete(key)
+                    else:
+                        pipe.set(key, json.dumps(after), px=_ttl_ms(ttl))
+                    await pipe.execute()
+                    return before, after
+                except WatchError:  # another replica changed it between our read and write
+                    continue
+
+    async def touch(self, handle: str, keys: list[str], ttl: float) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zadd(LAST_USED_INDEX, {handle: time.time()})
+        for key in keys:
+            pipe.pexpire(key, _ttl_ms(ttl))
+        await pipe.execute()
+
+    async def last_used(self, handle: str) -> float | None:
+        score = await self.redis.zscore(LAST_USED_INDEX, handle)
+        return float(score) if score is not None else None
+
+    async def unused_since(self, before: float) -> list[str]:
+        return [m.decode() if isinstance(m, bytes) else str(m) for m in await self.redis.zrangebyscore(LAST_USED_INDEX, "-inf", before)]
+
+    async def forget_use(self, handle: str) -> None:
+        await self.redis.zrem(LAST_USED_INDEX, handle)
+
+    async def count_used(self) -> int:
+        return int(await self.redis.zcard(LAST_USED_INDEX))
+
+    async def aclose(self) -> None:
+        return None  # the Redis client belongs to the app's lifespan
+
+
+class MemorySessionStore:
+    """The same contract in this process, for a gateway without Redis (one replica). Values
+    go through JSON as in Redis, so a caller never shares a document with the store."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, tuple[str, float]] = {}
+        self._used: dict[str, float] = {}
+        self._lock = asyncio.Lock()
+
+    def _read(self, key: str) -> str | None:
+        entry = self._values.get(key)
+        if entry is None:
+            return None
+        if entry[1] < time.monotonic():
+            del self._values[key]
+            return None
+        return entry[0]
+
+    async def get(self, key: str) -> Document | None:
+        raw = self._read(key)
+        return json.loads(raw) if raw else None
+
+    async def get_many(self, keys: list[str]) -> list[Document | None]:
+        return [await self.get(key) for key in keys]
+
+    async def put(self, key: str, value: Document, ttl: float) -> None:
+        self._values[key] = (json.dumps(value), time.monotonic() + ttl)
+
+    async def put_new(self, key: str, value: Document, ttl: float) -> bool:
+        if self._read(key) is not None:
+            return False
+        await self.put(key, value, ttl)
+        return True
+
+    async def delete(self, *keys: str) -> None:
+        for key in keys:
+            self._values.pop(key, None)
+
+    async def update(self, key: str, change: Change, ttl: float) -> tuple[Document | None, Document | None]:
+        async with self._lock:
+            raw = self._read(key)
+            if raw is None:
+                return None, None
+            after = change(json.loads(raw))
+            if after is None:
+                self._values.pop(key, None)
+            else:
+                await self.put(key, after, ttl)
+            return json.loads(raw), after
+
+    async def touch(self, handle: str, keys: list[str], ttl: float) -> None:
+        self._used[handle] = time.time()
+        for key in keys:
+            entry = self._values.get(key)
+            if entry is not None:
+                self._values[key] = (entry[0], time.monotonic() + ttl)
+
+    async def last_used(self, handle: str) -> float | None:
+        return self._used.get(handle)
+
+    async def unused_since(self, before: float) -> list[str]:
+        return [handle for handle, at in self._used.items() if at <= before]
+
+    async def forget_use(self, handle: str) -> None:
+        self._used.pop(handle, None)
+
+    async def count_used(self) -> int:
+        return len(self._used)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class FallbackSessionStore:
+    """Redis, and this process while Redis does not answer: a replica keeps serving the
+    sessions it opens during an outage (as one replica would), and every session Redis holds
+    comes back with Redis. A session opened during the outage stays with its replica."""
+
+    def __init__(self, primary: RedisSessionStore, local: MemorySessionStore) -> None:
+        self.primary = primary
+        self.local = local
+
+    async def get(self, key: str) -> Document | None:
+        try:
+            found = await self.primary.get(key)
+        except UNREACHABLE:
+            found = None
+        return found if found is not None else await self.local.get(key)
+
+    async def get_many(self, keys: list[str]) -> list[Document | None]:
+        try:
+            found = await self.primary.get_many(keys)
+        except UNREACHABLE:
+            found = [None] * len(keys)
+        return [doc if doc is not None else await self.local.get(key) for key, doc in zip(keys, found, strict=True)]
+
+    async def put(self, key: str, value: Document, ttl: float) -> None:
+        if await self.local.get(key) is None:
+            try:
+                await self.primary.put(key, value, ttl)
+                return
+            except UNREACHABLE:
+                pass
+        await self.local.put(key, value, ttl)
+
+    async def put_new(self, key: str, value: Document, ttl: float) -> bool:
+        try:
+            return await self.primary.put_new(key, value, ttl)
+        except UNREACHABLE:
+            return await self.local.put_new(key, value, ttl)
+
+    async def delete(self, *keys: str) -> None:
+        await self.local.delete(*keys)
+        with contextlib.suppress(*UNREACHABLE):
+            await self.primary.delete(*keys)
+
+    async def update(self, key: str, change: Change, ttl: float) -> tuple[Document | None, Document | None]:
+        if await self.local.get(key) is not None:
+            return await self.local.update(key, change, ttl)
+        try:
+            return await self.primary.update(key, change, ttl)
+        except UNREACHABLE:
+            return None, None
+
+    async def touch(self, handle: str, keys: list[str], ttl: float) -> None:
+        if await self.local.last_used(handle) is not None:  # a session opened during an outage
+            await self.local.touch(handle, keys, ttl)
+            return
+        try:
+            await self.primary.touch(handle, keys, ttl)
+        except UNREACHABLE:
+            await self.local.touch(handle, keys, ttl)
+
+    async def last_used(self, handle: str) -> float | None:
+        try:
+            used = await self.primary.last_used(handle)
+        except UNREACHABLE:
+            used = None
+        return used if used is not None else await self.local.last_used(handle)
+
+    async def unused_since(self, before: float) -> list[str]:
+        try:
+            handles = await self.primary.unused_since(before)
+        except UNREACHABLE:
+            handles = []
+        return [*handles, *await self.local.unused_since(before)]
+
+    async def forget_use(self, handle: str) -> None:
+        await self.local.forget_use(handle)
+        with contextlib.suppress(*UNREACHABLE):
+            await self.primary.forget_use(handle)
+
+    async def count_used(self) -> int:
+        try:
+            shared = await self.primary.count_used()
+        except UNREACHABLE:
+            shared = 0
+        return shared + await self.local.count_used()
+
+    async def aclose(self) -> None:
+        return None
