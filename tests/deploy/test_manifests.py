@@ -117,6 +117,31 @@ def test_recall_has_a_disruption_budget() -> None:
     assert budgets and budgets[0]["spec"]["minAvailable"] == 1
 
 
+def test_gateway_runs_two_or_more_replicas_with_a_budget_and_an_autoscaler() -> None:
+    """Issue 16: any gateway replica serves any Streamable HTTP request (sessions in Redis)."""
+    deployment = resources("Deployment")["engram-gateway"]
+    # The HPA owns the replica count; a fixed one would be reset on every apply.
+    assert "replicas" not in deployment["spec"]
+    [hpa] = [h for h in resources("HorizontalPodAutoscaler").values() if h["spec"]["scaleTargetRef"]["name"] == "engram-gateway"]
+    assert hpa["spec"]["scaleTargetRef"]["kind"] == "Deployment"
+    assert hpa["spec"]["minReplicas"] >= 2 and hpa["spec"]["maxReplicas"] > hpa["spec"]["minReplicas"]
+    [metric] = hpa["spec"]["metrics"]
+    assert metric["resource"]["name"] == "cpu" and metric["resource"]["target"]["type"] == "Utilization"
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["resources"]["requests"]["cpu"]
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    budgets = [p for p in resources("PodDisruptionBudget").values() if p["spec"]["selector"]["matchLabels"] == selector]
+    assert len(budgets) == 1 and budgets[0]["spec"]["minAvailable"] == 1
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= labels.items()
+
+
+def test_ingress_needs_no_session_affinity() -> None:
+    ingress = yaml.safe_load((K8S_DIR / "ingress.yaml").read_text())
+    annotations = ingress["metadata"]["annotations"]
+    assert not [a for a in annotations if "upstream-hash-by" in a or "affinity" in a]
+
+
 @pytest.mark.parametrize("component", sorted(HTTP_COMPONENTS))
 def test_http_deployment_probes_health(component: str) -> None:
     deployment = resources("Deployment")[f"engram-{component}"]
@@ -126,7 +151,9 @@ def test_http_deployment_probes_health(component: str) -> None:
     assert str(HTTP_COMPONENTS[component]) in container["command"]
     for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
         get = container[probe]["httpGet"]
-        assert get["path"] == "/health", probe
+        # Readiness asks /health (dependencies); the gateway's startup and liveness ask
+        # /health/live: restarting it cures no dependency (README, Operations).
+        assert get["path"] == ("/health" if probe == "readinessProbe" or component != "gateway" else "/health/live"), probe
         assert ports.get(get["port"], get["port"]) == HTTP_COMPONENTS[component], probe
 
 
@@ -158,7 +185,8 @@ def test_requests_fit_a_two_core_node_at_minimum_scale() -> None:
     def memory_mib(value: str) -> float:
         return float(value[:-2]) * (1024 if value.endswith("Gi") else 1)
 
-    minimum = {"engram-recall": resources("HorizontalPodAutoscaler")["engram-recall"]["spec"]["minReplicas"]}
+    autoscaled = resources("HorizontalPodAutoscaler")
+    minimum = {name: autoscaled[name]["spec"]["minReplicas"] for name in ("engram-recall", "engram-gateway")}
     total_cpu = total_mib = 0.0
     for name, deployment in resources("Deployment").items():
         replicas = minimum.get(name, deployment["spec"].get("replicas", 1))
@@ -190,6 +218,10 @@ def container_env(container: dict[str, Any]) -> dict[str, str]:
     for var in container.get("env", []):
         if "value" in var:
             env[var["name"]] = var["value"]
+        elif "fieldRef" in var["valueFrom"]:
+            # Filled by Kubernetes at run time (the downward API); an address stands in.
+            assert var["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP", var
+            env[var["name"]] = "10.0.0.7"
         elif "secretKeyRef" in var["valueFrom"]:
             ref = var["valueFrom"]["secretKeyRef"]
             env[var["name"]] = sources[("secret", ref["name"])][ref["key"]]
