@@ -173,6 +173,44 @@ async def test_a_revoked_keys_session_is_refused_on_every_replica(stack: Stack, 
             assert (await mcp.request("ping")).status_code == 401
 
 
+async def test_legacy_sse_messages_reach_the_replica_holding_the_stream(
+    stack: Stack, replicas: list[tuple[ServiceProcess, Gateway]]
+) -> None:
+    """A legacy SSE stream stays on the replica that opened it; a POST /message that lands on
+    another replica is forwarded there, and its reply comes down the stream."""
+    a, b, c = (g for _, g in replicas)
+    raw, key_id = await create_api_key(stack.database_url)
+    async with httpx.AsyncClient(timeout=30) as http, http.stream("GET", f"{a.url}/sse?accessKey={raw}") as stream:
+        lines = stream.aiter_lines()
+        endpoint = ""
+        async for line in lines:
+            if line.startswith("data:"):
+                endpoint = line[5:].strip()
+                break
+        assert endpoint.startswith("/message?sessionId=")
+
+        async def reply() -> dict[str, Any]:
+            async for line in lines:
+                if line.startswith("data:"):
+                    return dict(json.loads(line[5:]))
+            raise AssertionError("the stream ended")
+
+        headers = {"Content-Type": "application/json"}  # seed: POST /message carries no credential
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw-sse", "version": "1"}}}
+        assert (await http.post(f"{b.url}{endpoint}", json=init, headers=headers)).status_code == 202  # B -> A
+        assert "result" in await reply()
+        await http.post(f"{c.url}{endpoint}", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers)
+        read = {"jsonrpc": "2.0", "id": 2, "method": "resources/read", "params": {"uri": "memory://active-session"}}
+        assert (await http.post(f"{c.url}{endpoint}", json=read, headers=headers)).status_code == 202  # C -> A
+        info = json.loads((await reply())["result"]["contents"][0]["text"])
+        assert info["transport"] == "sse" and info["keyId"] == key_id
+        # another key's credential is refused on a replica that does not hold the stream too
+        other, _ = await create_api_key(stack.database_url)
+        foreign = await http.post(f"{b.url}{endpoint}", json=read, headers={**headers, "Authorization": f"Bearer {other}"})
+        assert foreign.status_code == 403
+
+
 async def test_sdk_client_over_three_replicas_survives_losing_one(stack: Stack, replicas: list[tuple[ServiceProcess, Gateway]]) -> None:
     """Last in this file: it kills a replica."""
     raw, _ = await create_api_key(stack.database_url)

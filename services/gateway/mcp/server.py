@@ -330,5 +330,5 @@ class McpHandler:
             "mode": session.mode,
             "keyId": session.key_id,
             "startedAt": session.doc["started_at"],
-            "activity": session.activity(),
+            "activity": await self.sessions.activity(session),
         }

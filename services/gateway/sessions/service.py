@@ -84,6 +84,10 @@ def _id_key(client_id: str) -> str:
     return f"gw:session-id:{client_id}"
 
 
+def _activity_key(handle: str) -> str:
+    return f"gw:session-activity:{handle}"
+
+
 def _token_key(digest: str) -> str:
     return f"gw:session-token:{digest}"
 
@@ -136,9 +140,6 @@ class ActiveSession:
     def owner(self) -> str | None:
         owner = self.doc.get("owner")
         return str(owner) if owner is not None else None
-
-    def activity(self) -> list[dict[str, Any]]:
-        return list(self.doc.get("activity", []))
 
 
 def _segment(doc: Document, segmented: bool) -> str:
@@ -200,7 +201,7 @@ class Sessions:
                     "key_id": principal.key_id, "workspace": principal.default_workspace,
                     "token_digest": digest, "mode": mode, "seq": 1, "segment_started": time.time(),
                     "last_activity": time.time(), "started_at": _now_iso(), "segment_calls": 0,
-                    "activity": [], "ids": {}, "clients": {}, "streams": 0,
+                    "ids": {}, "clients": {}, "streams": 0, "v": 0,
                     # Legacy SSE: the replica that holds the stream (its internal URL).
                     "owner": owner,
                 },
@@ -263,14 +264,12 @@ class Sessions:
         """The live session a client id names, or None (unknown, ended, or taken over)."""
         if not client_id:
             return None
-        record = await self.store.get(_id_key(client_id))
-        if record is None:
+        found = await self.store.load(_id_key(client_id), _doc_key(""), self.ttl, touch=touch)
+        if found is None:
             return None
-        doc = await self.store.get(_doc_key(record["h"]))
-        if doc is None or client_id not in doc["ids"]:
+        record, doc = found
+        if client_id not in doc["ids"]:
             return None
-        if touch:
-            await self.store.touch(doc["handle"], [_id_key(client_id), _doc_key(doc["handle"])], self.ttl)
         return ActiveSession(client_id, doc["ids"][client_id], bool(record.get("retired")), doc)
 
     async def for_token(self, token: str | None, transport: Transport) -> str | None:
@@ -291,40 +290,45 @@ class Sessions:
     # -- segments ----------------------------------------------------------------------
     async def current_segment(self, session: ActiveSession, tool: str) -> str:
         """The segment id this call belongs to, rotating the segment first when it went idle
-        or outlived its lifetime. The store changes the document atomically, so of two
-        replicas serving calls of one session at once only one rotates a segment."""
+        or outlived its lifetime. The document changes only if no replica changed it since it
+        was read (a versioned swap), so of two replicas serving calls of one session at once
+        only one rotates a segment; the other reads again and goes on."""
         entry = {"tool": tool, "at": _now_iso()}
         idle = self.settings.segment_idle.total_seconds()
         lifetime = self.settings.segment_lifetime.total_seconds()
-
-        def change(doc: Document) -> Document:
+        before: Document | None = session.doc  # as this request resolved it: usually current
+        while True:
+            if before is None:
+                raise SessionGone(session.client_id)
+            after = dict(before)
             now = time.time()
+            reason = None
             if self.segmented:
-                reason = None
-                if now - doc["last_activity"] > idle:
+                if now - before["last_activity"] > idle:
                     reason = "segment_idle"
-                elif now - doc["segment_started"] > lifetime:
+                elif now - before["segment_started"] > lifetime:
                     reason = "segment_lifetime"
-                if reason is not None:
-                    doc["seq"] += 1
-                    doc["segment_started"] = now
-                    doc["segment_calls"] = 0
-                    doc["rotated_for"] = reason
-            doc["last_activity"] = now
-            doc["segment_calls"] += 1
-            doc["activity"] = [*doc["activity"][-(ACTIVITY_KEPT - 1):], entry]
-            return doc
-
-        before, after = await self.store.update(_doc_key(session.handle), change, self.ttl)
-        if before is None or after is None:
-            raise SessionGone(session.client_id)
-        if after["seq"] != before["seq"] and after["session_id"] == before["session_id"]:
-            reason = str(after["rotated_for"])
+            if reason is not None:
+                after.update(seq=before["seq"] + 1, segment_started=now, segment_calls=0)
+            after["last_activity"] = now
+            after["segment_calls"] = after["segment_calls"] + 1
+            swapped, current = await self.store.swap(
+                _doc_key(session.handle), int(before.get("v", 0)), after, self.ttl,
+                _activity_key(session.handle), entry, ACTIVITY_KEPT,
+            )
+            if swapped:
+                break
+            before = current
+        if reason is not None:
             SEGMENT_ROTATIONS.labels(reason).inc()
             await self._hand_over(after, _segment(before, True), reason, before["segment_calls"])
         segment = _segment(after, self.segmented)
         self._pending.setdefault(segment, []).append(entry)
         return segment
+
+    async def activity(self, session: ActiveSession) -> list[dict[str, Any]]:
+        """The session's last ACTIVITY_KEPT tool calls, oldest first."""
+        return await self.store.log(_activity_key(session.handle))
 
     async def _start_row(self, conn: asyncpg.Connection, doc: Document, previous_id: str | None = None) -> None:
         await sessions_repo.start(
@@ -415,6 +419,7 @@ class Sessions:
 
     async def _ended(self, doc: Document, reason: str) -> None:
         SESSIONS_OPEN.labels(doc["transport"]).dec()
+        await self.store.delete(_activity_key(doc["handle"]))
         await self.store.forget_use(doc["handle"])
         segment = _segment(doc, self.segmented)
         async with self.pool.acquire() as conn:

@@ -39,8 +39,23 @@ class SessionStore(Protocol):
 
     async def update(self, key: str, change: Change, ttl: float) -> tuple[Document | None, Document | None]:
         """Apply `change` to the document atomically; (before, after). A missing document is
-        left missing (`change` is not called)."""
+        left missing (`change` is not called). Every change bumps the document's version "v"."""
         ...
+
+    async def load(self, id_key: str, doc_prefix: str, ttl: float, *, touch: bool) -> tuple[Document, Document] | None:
+        """The id record at `id_key` and the document it names (`doc_prefix` + its "h"), in one
+        round trip; `touch` refreshes both keys and the last-used time."""
+        ...
+
+    async def swap(
+        self, key: str, version: int, value: Document, ttl: float, log_key: str, entry: Document, keep: int
+    ) -> tuple[bool, Document | None]:
+        """Replace the document if it is still at `version` (its "v"), and append `entry` to
+        the log at `log_key` (the newest `keep` kept): (True, None), or (False, the document
+        as it is now, None when gone). One round trip: the tool call's hot path."""
+        ...
+
+    async def log(self, log_key: str) -> list[Document]: ...
 
     async def touch(self, handle: str, keys: list[str], ttl: float) -> None:
         """The session was used now: refresh its keys' time to live and its last-used time."""
@@ -57,13 +72,49 @@ class SessionStore(Protocol):
     async def aclose(self) -> None: ...
 
 
+def _bumped(before: Document, after: Document | None) -> Document | None:
+    """Every change moves the version on, so a swap based on an older read fails."""
+    if after is not None:
+        after["v"] = int(before.get("v", 0)) + 1
+    return after
+
+
 def _ttl_ms(ttl: float) -> int:
     return max(1, int(ttl * 1000))
+
+
+_LOAD = """
+local record = redis.call('GET', KEYS[1])
+if not record then return false end
+local handle = cjson.decode(record)['h']
+local doc = redis.call('GET', ARGV[1] .. handle)
+if not doc then return false end
+if ARGV[2] == '1' then
+  redis.call('ZADD', ARGV[4], ARGV[5], handle)
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  redis.call('PEXPIRE', ARGV[1] .. handle, ARGV[3])
+end
+return {record, doc}
+"""
+
+_SWAP = """
+local current = redis.call('GET', KEYS[1])
+if not current then return {0} end
+local version = cjson.decode(current)['v'] or 0
+if tonumber(version) ~= tonumber(ARGV[1]) then return {1, current} end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+redis.call('RPUSH', KEYS[2], ARGV[4])
+redis.call('LTRIM', KEYS[2], -tonumber(ARGV[5]), -1)
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return {2}
+"""
 
 
 class RedisSessionStore:
     def __init__(self, redis: aioredis.Redis) -> None:
         self.redis = redis
+        self._load = redis.register_script(_LOAD)
+        self._swap = redis.register_script(_SWAP)
 
     async def get(self, key: str) -> Document | None:
         raw = await self.redis.get(key)
@@ -94,7 +145,7 @@ class RedisSessionStore:
                         await pipe.unwatch()
                         return None, None
                     before = json.loads(raw)
-                    after = change(json.loads(raw))
+                    after = _bumped(before, change(json.loads(raw)))
                     pipe.multi()
                     if after is None:
                         pipe.delete(key)
@@ -104,6 +155,24 @@ class RedisSessionStore:
                     return before, after
                 except WatchError:  # another replica changed it between our read and write
                     continue
+
+    async def load(self, id_key: str, doc_prefix: str, ttl: float, *, touch: bool) -> tuple[Document, Document] | None:
+        found = await self._load(keys=[id_key], args=[doc_prefix, "1" if touch else "0", _ttl_ms(ttl), LAST_USED_INDEX, time.time()])
+        if not found:
+            return None
+        return json.loads(found[0]), json.loads(found[1])
+
+    async def swap(
+        self, key: str, version: int, value: Document, ttl: float, log_key: str, entry: Document, keep: int
+    ) -> tuple[bool, Document | None]:
+        value["v"] = version + 1
+        outcome = await self._swap(keys=[key, log_key], args=[version, json.dumps(value), _ttl_ms(ttl), json.dumps(entry), keep])
+        if outcome[0] == 2:
+            return True, None
+        return False, (json.loads(outcome[1]) if outcome[0] == 1 else None)
+
+    async def log(self, log_key: str) -> list[Document]:
+        return [json.loads(raw) for raw in await self.redis.lrange(log_key, 0, -1)]
 
     async def touch(self, handle: str, keys: list[str], ttl: float) -> None:
         pipe = self.redis.pipeline(transaction=False)
@@ -134,6 +203,7 @@ class MemorySessionStore:
     go through JSON as in Redis, so a caller never shares a document with the store."""
 
     def __init__(self) -> None:
+        self._logs: dict[str, list[str]] = {}
         self._values: dict[str, tuple[str, float]] = {}
         self._used: dict[str, float] = {}
         self._lock = asyncio.Lock()
@@ -166,18 +236,47 @@ class MemorySessionStore:
     async def delete(self, *keys: str) -> None:
         for key in keys:
             self._values.pop(key, None)
+            self._logs.pop(key, None)
 
     async def update(self, key: str, change: Change, ttl: float) -> tuple[Document | None, Document | None]:
         async with self._lock:
             raw = self._read(key)
             if raw is None:
                 return None, None
-            after = change(json.loads(raw))
+            after = _bumped(json.loads(raw), change(json.loads(raw)))
             if after is None:
                 self._values.pop(key, None)
             else:
                 await self.put(key, after, ttl)
             return json.loads(raw), after
+
+    async def load(self, id_key: str, doc_prefix: str, ttl: float, *, touch: bool) -> tuple[Document, Document] | None:
+        record = await self.get(id_key)
+        if record is None:
+            return None
+        doc = await self.get(doc_prefix + record["h"])
+        if doc is None:
+            return None
+        if touch:
+            await self.touch(record["h"], [id_key, doc_prefix + record["h"]], ttl)
+        return record, doc
+
+    async def swap(
+        self, key: str, version: int, value: Document, ttl: float, log_key: str, entry: Document, keep: int
+    ) -> tuple[bool, Document | None]:
+        async with self._lock:
+            current = await self.get(key)
+            if current is None:
+                return False, None
+            if current.get("v", 0) != version:
+                return False, current
+            value["v"] = version + 1
+            await self.put(key, value, ttl)
+            self._logs[log_key] = [*self._logs.get(log_key, [])[-(keep - 1):], json.dumps(entry)]
+            return True, None
+
+    async def log(self, log_key: str) -> list[Document]:
+        return [json.loads(raw) for raw in self._logs.get(log_key, [])]
 
     async def touch(self, handle: str, keys: list[str], ttl: float) -> None:
         self._used[handle] = time.time()
@@ -252,6 +351,32 @@ class FallbackSessionStore:
             return await self.primary.update(key, change, ttl)
         except UNREACHABLE:
             return None, None
+
+    async def load(self, id_key: str, doc_prefix: str, ttl: float, *, touch: bool) -> tuple[Document, Document] | None:
+        try:
+            found = await self.primary.load(id_key, doc_prefix, ttl, touch=touch)
+        except UNREACHABLE:
+            found = None
+        return found if found is not None else await self.local.load(id_key, doc_prefix, ttl, touch=touch)
+
+    async def swap(
+        self, key: str, version: int, value: Document, ttl: float, log_key: str, entry: Document, keep: int
+    ) -> tuple[bool, Document | None]:
+        if await self.local.get(key) is not None:
+            return await self.local.swap(key, version, value, ttl, log_key, entry, keep)
+        try:
+            return await self.primary.swap(key, version, value, ttl, log_key, entry, keep)
+        except UNREACHABLE:
+            return False, None
+
+    async def log(self, log_key: str) -> list[Document]:
+        found = await self.local.log(log_key)
+        if found:
+            return found
+        try:
+            return await self.primary.log(log_key)
+        except UNREACHABLE:
+            return []
 
     async def touch(self, handle: str, keys: list[str], ttl: float) -> None:
         if await self.local.last_used(handle) is not None:  # a session opened during an outage
