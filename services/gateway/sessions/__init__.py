@@ -1,13 +1,9 @@
 """MCP session identity: the one owner of which logical session an Mcp-Session-Id names."""
 
-from services.gateway.sessions.service import (
-    ActiveSession,
-    SessionGone,
-    Sessions,
-    Transport,
-    token_digest,
-)
-from services.gateway.sessions.store import FallbackSessionStore, MemorySessionStore, RedisSessionStore, SessionStore
+from services.gateway.sessions.fallback import FallbackSessionStore
+from services.gateway.sessions.model import ActiveSession, SessionGone, Transport, token_digest
+from services.gateway.sessions.service import Sessions
+from services.gateway.sessions.store import MemorySessionStore, RedisSessionStore, SessionStore
 
 __all__ = [
     "ActiveSession",

@@ -27,21 +27,30 @@ Store layout (every key expires unless used; the idle sweep ends a session befor
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
 import asyncpg
 from celery import Celery
 from prometheus_client import Counter, Gauge
 from redis.exceptions import RedisError
 
+from services.gateway.sessions.model import (
+    ActiveSession,
+    SessionGone,
+    Transport,
+    activity_key,
+    doc_key,
+    id_key,
+    segment_of,
+    token_digest,
+    token_key,
+)
 from services.gateway.sessions.store import Document, SessionStore
 from shared.domain.principal import Principal
 from shared.jobs import JobBuffer
@@ -57,8 +66,6 @@ SESSIONS_OPEN = Gauge("mcp_sessions_active", "MCP sessions opened minus ended by
 SEGMENT_ROTATIONS = Counter("mcp_session_segment_rotation_total", "Session segments rotated", ["reason"])
 SESSIONS_RESUMED = Counter("mcp_session_resumed_total", "initialize requests that continued a session of the same Bearer")
 
-Transport = Literal["streamable-http", "sse"]
-
 # A session whose client never opened a GET stream (or has not yet: an SDK client opens it
 # right after initialize) counts as live until it has not been used for this long.
 QUIET_SECONDS = 30.0
@@ -70,80 +77,6 @@ ACTIVITY_FLUSH_SECONDS = 1.0
 ACTIVITY_KEPT = 100
 # Keys outlive the idle timeout by this much, so the sweep still finds what it ends.
 KEY_GRACE_SECONDS = 120.0
-
-
-def token_digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def _doc_key(handle: str) -> str:
-    return f"gw:session:{handle}"
-
-
-def _id_key(client_id: str) -> str:
-    return f"gw:session-id:{client_id}"
-
-
-def _activity_key(handle: str) -> str:
-    return f"gw:session-activity:{handle}"
-
-
-def _token_key(digest: str) -> str:
-    return f"gw:session-token:{digest}"
-
-
-@dataclass(frozen=True)
-class ActiveSession:
-    """A client id resolved to its logical session, as the store held it at that moment."""
-
-    client_id: str  # the id the request presented
-    transport_id: str  # the client connection that id belongs to (a rotate adds ids to it)
-    retired: bool  # an id a rotate replaced: it works only with the session's credential
-    doc: Document
-
-    @property
-    def handle(self) -> str:
-        return str(self.doc["handle"])
-
-    @property
-    def session_id(self) -> str:
-        return str(self.doc["session_id"])
-
-    @property
-    def transport(self) -> Transport:
-        return "sse" if self.doc["transport"] == "sse" else "streamable-http"
-
-    @property
-    def key_id(self) -> str | None:
-        key_id = self.doc.get("key_id")
-        return str(key_id) if key_id is not None else None
-
-    @property
-    def token_digest(self) -> str | None:
-        digest = self.doc.get("token_digest")
-        return str(digest) if digest is not None else None
-
-    @property
-    def mode(self) -> str | None:
-        mode = self.doc.get("mode")
-        return str(mode) if mode is not None else None
-
-    @property
-    def current_client_id(self) -> str:
-        """The id this connection's client was given last (a rotate issues a new one)."""
-        return str(self.doc["clients"].get(self.transport_id, self.transport_id))
-
-    def segment_id(self, segmented: bool) -> str:
-        return _segment(self.doc, segmented)
-
-    @property
-    def owner(self) -> str | None:
-        owner = self.doc.get("owner")
-        return str(owner) if owner is not None else None
-
-
-def _segment(doc: Document, segmented: bool) -> str:
-    return f"{doc['session_id']}#{doc['seq']}" if segmented else str(doc["session_id"])
 
 
 def _now_iso() -> str:
@@ -189,10 +122,10 @@ class Sessions:
                 doc["clients"] = {}
                 return self._attached(doc, client_id, mode if mode_given else doc["mode"])
 
-            _, doc = await self.store.update(_doc_key(resumed["handle"]), attach, self.ttl)
+            _, doc = await self.store.update(doc_key(resumed["handle"]), attach, self.ttl)
             if doc is not None:
                 # The client that left is gone: its ids end without ending the session.
-                await self.store.delete(*[_id_key(i) for i in ids])
+                await self.store.delete(*[id_key(i) for i in ids])
                 logger.info("client %s continues session %s", client_id, doc["session_id"])
         if resumed is None or doc is None:
             doc = self._attached(
@@ -207,12 +140,12 @@ class Sessions:
                 },
                 client_id, mode,
             )
-            await self.store.put(_doc_key(client_id), doc, self.ttl)
+            await self.store.put(doc_key(client_id), doc, self.ttl)
             SESSIONS_OPENED.labels(transport).inc()
             SESSIONS_OPEN.labels(transport).inc()
             async with self.pool.acquire() as conn:
                 await self._start_row(conn, doc)
-        await self.store.put(_id_key(client_id), {"h": doc["handle"], "t": client_id}, self.ttl)
+        await self.store.put(id_key(client_id), {"h": doc["handle"], "t": client_id}, self.ttl)
         if digest:
             await self._remember_token(digest, doc["handle"], transport, client_id)
         await self.store.touch(doc["handle"], [], self.ttl)
@@ -229,7 +162,7 @@ class Sessions:
         return doc
 
     async def _remember_token(self, digest: str, handle: str, transport: Transport, client_id: str) -> None:
-        key = _token_key(digest)
+        key = token_key(digest)
         entry = await self.store.get(key) or {"handles": [], "latest": {}}
         if handle not in entry["handles"]:
             entry["handles"] = [*entry["handles"][-19:], handle]  # a key's recent sessions
@@ -237,11 +170,11 @@ class Sessions:
         await self.store.put(key, entry, self.ttl)
 
     async def _resumable(self, digest: str) -> Document | None:
-        entry = await self.store.get(_token_key(digest))
+        entry = await self.store.get(token_key(digest))
         if entry is None:
             return None
         for _ in range(STREAM_CLOSE_CHECKS):
-            docs = [d for d in await self.store.get_many([_doc_key(h) for h in entry["handles"]]) if d is not None]
+            docs = [d for d in await self.store.get_many([doc_key(h) for h in entry["handles"]]) if d is not None]
             now = time.time()
             candidates = []
             for doc in docs:
@@ -264,7 +197,7 @@ class Sessions:
         """The live session a client id names, or None (unknown, ended, or taken over)."""
         if not client_id:
             return None
-        found = await self.store.load(_id_key(client_id), _doc_key(""), self.ttl, touch=touch)
+        found = await self.store.load(id_key(client_id), doc_key(""), self.ttl, touch=touch)
         if found is None:
             return None
         record, doc = found
@@ -276,7 +209,7 @@ class Sessions:
         """The client id a request of this Bearer without a session id belongs to."""
         if not token:
             return None
-        entry = await self.store.get(_token_key(token_digest(token)))
+        entry = await self.store.get(token_key(token_digest(token)))
         client_id = entry["latest"].get(transport) if entry is not None else None
         return client_id if isinstance(client_id, str) and await self.resolve(client_id, touch=False) else None
 
@@ -285,7 +218,7 @@ class Sessions:
             doc["mode"] = mode
             return doc
 
-        await self.store.update(_doc_key(session.handle), change, self.ttl)
+        await self.store.update(doc_key(session.handle), change, self.ttl)
 
     # -- segments ----------------------------------------------------------------------
     async def current_segment(self, session: ActiveSession, tool: str) -> str:
@@ -313,26 +246,26 @@ class Sessions:
             after["last_activity"] = now
             after["segment_calls"] = after["segment_calls"] + 1
             swapped, current = await self.store.swap(
-                _doc_key(session.handle), int(before.get("v", 0)), after, self.ttl,
-                _activity_key(session.handle), entry, ACTIVITY_KEPT,
+                doc_key(session.handle), int(before.get("v", 0)), after, self.ttl,
+                activity_key(session.handle), entry, ACTIVITY_KEPT,
             )
             if swapped:
                 break
             before = current
         if reason is not None:
             SEGMENT_ROTATIONS.labels(reason).inc()
-            await self._hand_over(after, _segment(before, True), reason, before["segment_calls"])
-        segment = _segment(after, self.segmented)
+            await self._hand_over(after, segment_of(before, True), reason, before["segment_calls"])
+        segment = segment_of(after, self.segmented)
         self._pending.setdefault(segment, []).append(entry)
         return segment
 
     async def activity(self, session: ActiveSession) -> list[dict[str, Any]]:
         """The session's last ACTIVITY_KEPT tool calls, oldest first."""
-        return await self.store.log(_activity_key(session.handle))
+        return await self.store.log(activity_key(session.handle))
 
     async def _start_row(self, conn: asyncpg.Connection, doc: Document, previous_id: str | None = None) -> None:
         await sessions_repo.start(
-            conn, session_id=_segment(doc, self.segmented), transport_id=doc["session_id"],
+            conn, session_id=segment_of(doc, self.segmented), transport_id=doc["session_id"],
             key_id=doc["key_id"], workspace=doc["workspace"], mode=doc["mode"], seq=doc["seq"], previous_id=previous_id,
         )
 
@@ -363,15 +296,15 @@ class Sessions:
             doc["clients"][transport_id] = new_id
             return doc
 
-        before, after = await self.store.update(_doc_key(session.handle), change, self.ttl)
+        before, after = await self.store.update(doc_key(session.handle), change, self.ttl)
         if before is None or after is None:
             raise SessionGone(session.client_id)
         for client_id in before["ids"]:
-            await self.store.put(_id_key(client_id), {"h": session.handle, "t": before["ids"][client_id], "retired": True}, self.ttl)
-        await self.store.put(_id_key(new_id), {"h": session.handle, "t": transport_id}, self.ttl)
+            await self.store.put(id_key(client_id), {"h": session.handle, "t": before["ids"][client_id], "retired": True}, self.ttl)
+        await self.store.put(id_key(new_id), {"h": session.handle, "t": transport_id}, self.ttl)
         if after.get("token_digest"):
             await self._remember_token(after["token_digest"], session.handle, session.transport, new_id)
-        await self._hand_over(after, _segment(before, self.segmented), reason, before["segment_calls"])
+        await self._hand_over(after, segment_of(before, self.segmented), reason, before["segment_calls"])
         return new_id
 
     # -- streams -------------------------------------------------------------------------
@@ -380,7 +313,7 @@ class Sessions:
             doc["streams"] = doc.get("streams", 0) + 1
             return doc
 
-        await self.store.update(_doc_key(session.handle), change, self.ttl)
+        await self.store.update(doc_key(session.handle), change, self.ttl)
 
     async def stream_closed(self, session: ActiveSession) -> None:
         def change(doc: Document) -> Document:
@@ -388,7 +321,7 @@ class Sessions:
             doc["stream_closed"] = True
             return doc
 
-        await self.store.update(_doc_key(session.handle), change, self.ttl)
+        await self.store.update(doc_key(session.handle), change, self.ttl)
 
     # -- the end -----------------------------------------------------------------------
     async def detach(self, session: ActiveSession, reason: str) -> None:
@@ -401,27 +334,27 @@ class Sessions:
             doc["clients"].pop(transport_id, None)
             return doc if doc["clients"] else None
 
-        before, after = await self.store.update(_doc_key(session.handle), change, self.ttl)
+        before, after = await self.store.update(doc_key(session.handle), change, self.ttl)
         if before is None:
             return
-        await self.store.delete(*[_id_key(i) for i, t in before["ids"].items() if t == transport_id])
+        await self.store.delete(*[id_key(i) for i, t in before["ids"].items() if t == transport_id])
         if after is None:
             await self._ended(before, reason)
 
     async def end(self, session: ActiveSession, reason: str) -> None:
         """End the logical session and every client id of it (its key was set inactive or
         deleted): its ids answer as unknown from now on, on every replica."""
-        before, _ = await self.store.update(_doc_key(session.handle), lambda doc: None, self.ttl)
+        before, _ = await self.store.update(doc_key(session.handle), lambda doc: None, self.ttl)
         if before is None:
             return
-        await self.store.delete(*[_id_key(i) for i in before["ids"]])
+        await self.store.delete(*[id_key(i) for i in before["ids"]])
         await self._ended(before, reason)
 
     async def _ended(self, doc: Document, reason: str) -> None:
         SESSIONS_OPEN.labels(doc["transport"]).dec()
-        await self.store.delete(_activity_key(doc["handle"]))
+        await self.store.delete(activity_key(doc["handle"]))
         await self.store.forget_use(doc["handle"])
-        segment = _segment(doc, self.segmented)
+        segment = segment_of(doc, self.segmented)
         async with self.pool.acquire() as conn:
             await self._flush_segment(conn, segment)
             ended = await sessions_repo.end(conn, segment, reason)
@@ -442,11 +375,11 @@ class Sessions:
         """End the sessions nobody used for MEMENTO_SESSION_IDLE_TIMEOUT. Every replica sweeps;
         the store's atomic delete lets exactly one of them end each session."""
         for handle in await self.store.unused_since(time.time() - self.idle_timeout):
-            before, _ = await self.store.update(_doc_key(handle), lambda doc: None, self.ttl)
+            before, _ = await self.store.update(doc_key(handle), lambda doc: None, self.ttl)
             if before is None:
                 await self.store.forget_use(handle)
                 continue
-            await self.store.delete(*[_id_key(i) for i in before["ids"]])
+            await self.store.delete(*[id_key(i) for i in before["ids"]])
             logger.info("session %s idle for %.0f s; ended", before["session_id"], self.idle_timeout)
             await self._ended(before, "session_end")
 
@@ -486,11 +419,3 @@ class Sessions:
                     await self.sweep_idle()
             except (asyncpg.PostgresError, OSError, RedisError):
                 logger.warning("session activity or idle sweep not done; retrying", exc_info=True)
-
-
-class SessionGone(Exception):
-    """The session ended while a request of it was in flight."""
-
-    def __init__(self, client_id: str) -> None:
-        super().__init__(f"session {client_id} ended")
-        self.client_id = client_id
