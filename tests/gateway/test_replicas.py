@@ -95,6 +95,10 @@ async def test_raw_requests_of_one_session_on_three_replicas(stack: Stack, repli
         headers = {**mcp._headers(), "Accept": "text/event-stream"}  # noqa: SLF001
         async with http.stream("GET", c.mcp_url, headers=headers) as stream:  # C
             assert stream.status_code == 200 and stream.headers["mcp-session-id"] == mcp.session_id
+        # the stream and DELETE, served by the gateway itself, keep the SDK's DNS rebinding checks
+        rebound = {**headers, "Origin": "http://evil.example"}
+        assert (await http.get(c.mcp_url, headers=rebound)).status_code == 403
+        assert (await http.delete(c.mcp_url, headers={**mcp._headers(), "Host": "evil.example"})).status_code == 421  # noqa: SLF001
         assert (await mcp.delete()).status_code == 200  # C
         for gateway in (a, b, c):  # ended on every replica
             mcp.url = gateway.mcp_url

@@ -24,9 +24,10 @@ from mcp.server.lowlevel.server import Server
 from mcp.server.runner import serve_loop
 from mcp.server.sse import SseServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.server.transport_security import TransportSecuritySettings
+from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.datastructures import Headers
+from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
@@ -85,6 +86,8 @@ class Transports:
             json_response=True,
         )
         self.sse = SseServerTransport("/message", security_settings=security, max_request_body_size=settings.max_body_bytes)
+        # GET and DELETE are served here, not by the SDK: the same Host / Origin checks.
+        self.security = TransportSecurityMiddleware(security)
         # Legacy SSE sessions whose stream this replica holds -> the cancel scope of its loop.
         self._sse_streams: dict[str, anyio.CancelScope] = {}
 
@@ -108,6 +111,11 @@ class Transports:
             else:
                 await session_id_missing()(scope, receive, send)
             return
+        if scope["method"] in ("GET", "DELETE"):
+            refused = await self.security.validate_request(Request(scope, receive), is_post=False)
+            if refused is not None:
+                await refused(scope, receive, send)
+                return
         if scope["method"] == "GET":
             # Counted open before the client can see it, closed as soon as the client goes.
             await self.sessions.stream_opened(session)
