@@ -57,15 +57,15 @@ def _exercise(operation: Any, mode: GenerationMode, base_url: str, headers: dict
 
 
 @pytest.mark.parametrize("with_key", [True, False], ids=["master-key", "no-key"])
-def test_openapi_fuzz_finds_no_server_error(tuned_gateway: Gateway, with_key: bool) -> None:
-    operations = _operations(_document(tuned_gateway))
+def test_openapi_fuzz_finds_no_server_error(fuzz_gateway: Gateway, with_key: bool) -> None:
+    operations = _operations(_document(fuzz_gateway))
     # the admin REST is in the document the master key reads
     assert any(op.path.startswith("/v1/internal/model/nothing/keys") for op in operations)
-    headers = {"Authorization": f"Bearer {tuned_gateway.master_key}"} if with_key else {}
+    headers = {"Authorization": f"Bearer {fuzz_gateway.master_key}"} if with_key else {}
     problems: list[str] = []
     with requests.Session() as session:
         for operation in operations:
             for mode in EXAMPLES:
-                problems += _exercise(operation, mode, tuned_gateway.url, headers, session)
-    errors = [line for line in tuned_gateway.log_path.read_text(errors="replace").splitlines() if "Error" in line][-10:]
+                problems += _exercise(operation, mode, fuzz_gateway.url, headers, session)
+    errors = [line for line in fuzz_gateway.log_path.read_text(errors="replace").splitlines() if "Error" in line][-10:]
     assert not problems, "\n".join(problems[:25] + ["gateway log:", *errors])
