@@ -23,6 +23,17 @@ async def test_tools_list_describes_every_parameter(mcp_url: str, master_key: st
     assert "`text`" in (recall.description or "")
 
 
+async def test_tools_list_carries_the_standard_annotations(mcp_url: str, master_key: str) -> None:
+    # Clients auto-approve on these hints; the reference's own `meta` stays beside them.
+    async with mcp_session(mcp_url, master_key) as s:
+        tools = {t.name: t for t in (await s.list_tools()).tools}
+    assert all(t.annotations is not None for t in tools.values())
+    recall, forget, remember = tools["recall"].annotations, tools["forget"].annotations, tools["remember"].annotations
+    assert recall.read_only_hint is True and recall.destructive_hint is False
+    assert forget.read_only_hint is False and forget.destructive_hint is True
+    assert remember.read_only_hint is False and remember.destructive_hint is False
+
+
 async def test_recall_takes_query_for_text(stack: Stack, mcp_url: str) -> None:
     key, _ = await create_api_key(stack.database_url)
     ws = unique()

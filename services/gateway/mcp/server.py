@@ -60,7 +60,10 @@ def check_permission(principal: Principal, spec_name: str, required: str | None)
 
 
 def tool_listing(spec: ToolSpec) -> types.Tool:
-    return types.Tool(name=spec.name, description=spec.description, input_schema=spec.input_schema(), meta=spec.meta())
+    return types.Tool(
+        name=spec.name, description=spec.description, input_schema=spec.input_schema(),
+        annotations=spec.annotations(), meta=spec.meta(),
+    )
 
 
 def _text_result(result: dict[str, Any], is_error: bool = False) -> types.CallToolResult:
