@@ -16,11 +16,6 @@ QUERY_METHODS = {"execute", "executemany", "fetch", "fetchval", "fetchrow", "cur
 # Outside the repositories on purpose: the migration runner applies schema files, and the
 # pool's own health probe is `SELECT 1`.
 SQL_ELSEWHERE = {"shared/db.py", "shared/schema/migrate.py"}
-# The gateway is being rebuilt (issue 16, items 1-3): its forwarding client still has its
-# own copy of the header, and its admin maintenance routes still send on the registry's
-# Celery client. Both switch to services/common/rpc.py and shared.jobs.send_job with it.
-GATEWAY_PENDING = {"services/gateway/core/upstream.py", "services/gateway/upstream.py",
-                   "services/gateway/admin/maintenance.py", "services/gateway/admin_maintenance.py"}
 
 
 def sources() -> Iterator[tuple[str, str]]:
@@ -78,11 +73,11 @@ def test_jobs_are_sent_only_through_shared_jobs() -> None:
     send = re.compile(r"\.(apply_async|send_task|delay)\(")
     found = [
         name for name, text in sources()
-        if name not in ("shared/jobs.py", *GATEWAY_PENDING) and send.search(text) and "celery" in text.lower()
+        if name != "shared/jobs.py" and send.search(text) and "celery" in text.lower()
     ]
     assert found == []
 
 
 def test_the_service_token_header_is_named_once() -> None:
-    found = [name for name, text in sources() if "x-engram-service-token" in text and name not in GATEWAY_PENDING]
+    found = [name for name, text in sources() if "x-engram-service-token" in text]
     assert found == ["services/common/rpc.py"]

@@ -13,6 +13,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.common.heap import settle_heap
 from services.common.internal import install_observability
+from services.common.rpc import InternalClient
 from services.gateway import openapi
 from services.gateway.admin import io as admin_io
 from services.gateway.admin import keys as admin_keys
@@ -23,7 +24,6 @@ from services.gateway.core.edge import GatewayEdge
 from services.gateway.core.jsonrpc_guard import JsonRpcGuard
 from services.gateway.core.limits import RateLimiter
 from services.gateway.core.state import STATE_ATTRIBUTE, GatewayState, state_of
-from services.gateway.core.upstream import Upstreams
 from services.gateway.core.usage import DailyCalls
 from services.gateway.mcp import rotation
 from services.gateway.mcp.modes import MODES
@@ -90,9 +90,8 @@ async def build_state(settings: GatewaySettings) -> GatewayState:
     )
     broker = settings.broker_url or (settings.redis_url if settings.redis_active else None)
     celery = celery_client(broker) if broker else None
-    upstreams = Upstreams(
-        [u.strip() for u in settings.recall_url.split(",") if u.strip()],
-        settings.ingest_url,
+    upstreams = InternalClient(
+        {"recall": InternalClient.replicas(settings.recall_url), "ingest": InternalClient.replicas(settings.ingest_url)},
         settings.service_token,
         settings.upstream_timeout.total_seconds(),
     )

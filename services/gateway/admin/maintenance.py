@@ -12,20 +12,17 @@ from typing import Annotated, Any, Literal
 
 import anyio
 from fastapi import APIRouter, Depends, HTTPException, Path, Request
-from kombu.exceptions import KombuError
 from pydantic import Field
-from redis.exceptions import RedisError
 
 from services.gateway.admin.admin_auth import require_master
 from services.gateway.core.state import gateway_state
 from shared.contract.base import Int64, ToolArgs
 from shared.domain.fragment import MAX_INT64
-from shared.jobs import QUEUE_MAINTENANCE
+from shared.jobs import QUEUE_MAINTENANCE, send_job
 from shared.repositories import fsck as fsck_repo
 from shared.repositories import maintenance as runs_repo
 from shared.repositories.maintenance import Tenant
 from shared.settings import MaintenanceSettings
-from shared.telemetry import inject_headers
 
 router = APIRouter(prefix="/v1/internal/model/nothing", dependencies=[Depends(require_master)])
 
@@ -61,13 +58,9 @@ async def _send(request: Request, task: str, kwargs: dict[str, Any]) -> None:
     if celery is None:
         raise HTTPException(status_code=503, detail="Redis is not configured: maintenance jobs run in the Celery worker")
 
-    def send() -> None:
-        celery.send_task(task, kwargs=kwargs, queue=QUEUE_MAINTENANCE, headers=inject_headers({}), retry=False)
-
-    try:
-        await anyio.to_thread.run_sync(send)
-    except (KombuError, RedisError, OSError) as exc:
-        raise HTTPException(status_code=503, detail=f"could not reach the broker: {exc.__class__.__name__}") from None
+    # send_task does blocking broker I/O; keep it off the event loop.
+    if not await anyio.to_thread.run_sync(lambda: send_job(celery, task, kwargs, queue=QUEUE_MAINTENANCE)):
+        raise HTTPException(status_code=503, detail="could not reach the broker; try again")
 
 
 @router.get("/maintenance/consolidation")

@@ -13,9 +13,9 @@ from celery import Celery
 from starlette.requests import HTTPConnection
 from starlette.types import Scope
 
+from services.common.rpc import InternalClient
 from services.gateway.core.auth import Authenticator
 from services.gateway.core.limits import RateLimiter
-from services.gateway.core.upstream import Upstreams
 from services.gateway.core.usage import DailyCalls
 from services.gateway.sessions import Sessions
 from shared.settings import GatewaySettings
@@ -35,7 +35,7 @@ class GatewayState:
     celery: Celery | None  # the job broker (reflect, maintenance); None without one
     authenticator: Authenticator
     limiter: RateLimiter
-    upstreams: Upstreams
+    upstreams: InternalClient
     daily_calls: DailyCalls
     sessions: Sessions
     oauth: OAuthService

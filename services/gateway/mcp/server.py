@@ -16,9 +16,9 @@ from opentelemetry import trace
 from prometheus_client import Counter
 
 from services.common.internal import parse_arguments
+from services.common.rpc import InternalClient
 from services.gateway.core import unavailable
 from services.gateway.core.scope import OPENED_SCOPE_KEY, PRINCIPAL_SCOPE_KEY, SESSION_SCOPE_KEY, TOKEN_SCOPE_KEY
-from services.gateway.core.upstream import Upstreams
 from services.gateway.core.usage import DailyCalls
 from services.gateway.mcp import modes, skill_guide
 from services.gateway.mcp.rotation import rotate
@@ -121,7 +121,7 @@ class McpHandler:
     forward to recall / ingest, or the gateway answers them itself."""
 
     def __init__(
-        self, sessions: Sessions, upstreams: Upstreams, daily_calls: DailyCalls, pool: asyncpg.Pool,
+        self, sessions: Sessions, upstreams: InternalClient, daily_calls: DailyCalls, pool: asyncpg.Pool,
         config: dict[str, Any],
     ) -> None:
         self.sessions = sessions

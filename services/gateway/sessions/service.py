@@ -53,7 +53,7 @@ from services.gateway.sessions.model import (
 )
 from services.gateway.sessions.store import Document, SessionStore
 from shared.domain.principal import Principal
-from shared.jobs import JobBuffer
+from shared.jobs import send_job
 from shared.repositories import sessions as sessions_repo
 from shared.settings import GatewaySettings
 
@@ -363,11 +363,10 @@ class Sessions:
 
     async def _reflect(self, segment_id: str, key_id: str | None, reason: str) -> None:
         """Ask maintenance to reflect an ended segment; its row is committed by now."""
-        jobs = JobBuffer()
-        jobs.add(AUTO_REFLECT_TASK, session_id=segment_id, key_id=key_id, reason=reason)
+        kwargs = {"session_id": segment_id, "key_id": key_id, "reason": reason}
         # send_task does blocking broker I/O; keep it off the event loop.
-        unsent = await asyncio.to_thread(jobs.send, self.celery)
-        if unsent:
+        sent = self.celery is not None and await asyncio.to_thread(send_job, self.celery, AUTO_REFLECT_TASK, kwargs)
+        if not sent:
             # The row stays ended and unreflected; maintenance's sweep of such rows picks it up.
             logger.info("auto reflect of %s not enqueued (no broker); left for the sweep", segment_id)
 
