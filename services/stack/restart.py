@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -47,6 +48,23 @@ class Supervised(Protocol):
 
     def ready(self) -> bool:
         """Whether it serves again (answers its health check, ping or pg_isready)."""
+
+
+class ChildProcess:
+    """What every supervised process answers about its running child: pid, exit code, alive."""
+
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.poll() if self.process else None
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
 
 
 class RestartFailed(RuntimeError):

@@ -19,7 +19,7 @@ import httpx
 
 from services.stack.postgres import EmbeddedPostgres
 from services.stack.redis_server import LocalRedis
-from services.stack.restart import Backoff, Supervised, Watchdog, kill_group
+from services.stack.restart import Backoff, ChildProcess, Supervised, Watchdog, kill_group
 
 logger = logging.getLogger("engram.stack")
 # The ONNX export of the embedding model, shared by every stack this checkout starts (make
@@ -71,7 +71,7 @@ class StackConfig:
 
 
 @dataclass
-class ServiceProcess:
+class ServiceProcess(ChildProcess):
     name: str
     argv: list[str]
     env: dict[str, str]
@@ -94,16 +94,6 @@ class ServiceProcess:
             # Own process group, so stopping it stops whatever it forked (Celery's pool).
             self.process = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process else None
-
-    @property
-    def returncode(self) -> int | None:
-        return self.process.poll() if self.process else None
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
 
     def signal(self, sig: int) -> None:
         if self.process is not None and self.alive():

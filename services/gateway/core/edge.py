@@ -22,7 +22,7 @@ from services.gateway.core.limits import body_limit_for
 from services.gateway.core.scope import INITIALIZE_SCOPE_KEY, PRINCIPAL_SCOPE_KEY, SESSION_SCOPE_KEY, TOKEN_SCOPE_KEY
 from services.gateway.core.state import GatewayState, state_of
 from services.gateway.core.state import started as state_built
-from services.gateway.core.wire import jsonrpc_error
+from services.gateway.core.wire import jsonrpc_error, replay_body
 from services.gateway.sessions import ActiveSession, token_digest
 from shared.domain.principal import Principal
 from shared.repositories import fragments as fragments_repo
@@ -90,7 +90,7 @@ class GatewayEdge:
             except _TooLarge:
                 await self._too_large(scope, receive, send)
                 return
-            receive = _replay(body, receive)
+            receive = replay_body(body, receive)
 
         token = request_token(scope)
         principal = await state.authenticator.authenticate(token) if token else None
@@ -256,15 +256,3 @@ def _has_method(body: bytes, method: str) -> bool:
     messages = message if isinstance(message, list) else [message]
     return any(isinstance(m, dict) and m.get("method") == method for m in messages)
 
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay

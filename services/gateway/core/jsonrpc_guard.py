@@ -24,9 +24,10 @@ from mcp_types import INVALID_REQUEST, PARSE_ERROR, jsonrpc_message_adapter
 from prometheus_client import Counter
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.gateway.core.scope import PRINCIPAL_SCOPE_KEY
+from services.gateway.core.wire import replay_body
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ class JsonRpcGuard:
         body = await _read(receive)
         found = envelope_problem(body)
         if found is None:
-            await self.app(scope, _replay(body, receive), send)
+            await self.app(scope, replay_body(body, receive), send)
             return
         code, message, reason = found
         MALFORMED.labels(path, reason).inc()
@@ -101,15 +102,3 @@ async def _read(receive: Receive) -> bytes:
             break
     return b"".join(chunks)
 
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay

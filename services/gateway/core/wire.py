@@ -5,7 +5,7 @@ from __future__ import annotations
 from mcp_types import INVALID_REQUEST
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
-from starlette.types import Scope
+from starlette.types import Message, Receive, Scope
 
 # Not a seed code: the JSON-RPC server-error range, for 401 / 403 on an MCP endpoint.
 UNAUTHORIZED = -32001
@@ -37,3 +37,17 @@ def session_not_found() -> JSONResponse:
 
 def session_id_missing() -> JSONResponse:
     return jsonrpc_error(400, "Bad Request: Missing session ID", code=INVALID_REQUEST)
+
+
+def replay_body(body: bytes, receive: Receive) -> Receive:
+    """A receive that hands the app a body a middleware already read, then the real stream."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
