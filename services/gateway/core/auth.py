@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 import redis.asyncio as aioredis
@@ -49,18 +50,12 @@ class Authenticator:
         is_oauth = token.startswith(OAUTH_TOKEN_PREFIX)
         if not token.startswith(keys_repo.KEY_PREFIX) and not is_oauth:
             return None
-        digest = keys_repo.hash_key(token)
-        generation = await self._generation()
-        cached = self._cache.get(digest)
-        if cached is not None and cached[0] == generation:
-            return cached[1]
-        async with self._pool.acquire(timeout=POOL_ACQUIRE_SECONDS) as conn:
+        async def load(conn: asyncpg.Connection) -> Principal | None:
             if is_oauth:
-                principal = await self._oauth_principal(conn, token)
-            else:
-                principal = await keys_repo.principal_for_raw_key(conn, token)
-        self._cache[digest] = (generation, principal)
-        return principal
+                return await self._oauth_principal(conn, token)
+            return await keys_repo.principal_for_raw_key(conn, token)
+
+        return await self._cached(keys_repo.hash_key(token), load)
 
     async def principal_for_key(self, key_id: str | None) -> Principal | None:
         """The key behind a session, re-read for a request that carries only the session id:
@@ -69,13 +64,18 @@ class Authenticator:
         without Redis)."""
         if key_id is None:  # the master key: configuration, not a row
             return Principal.master()
-        entry = _KEY_ID_ENTRY + key_id
+        return await self._cached(_KEY_ID_ENTRY + key_id, lambda conn: keys_repo.principal_for_key_id(conn, key_id))
+
+    async def _cached(
+        self, entry: str, load: Callable[[asyncpg.Connection], Awaitable[Principal | None]]
+    ) -> Principal | None:
+        """The cached principal of `entry` while the key generation is unchanged, else loaded."""
         generation = await self._generation()
         cached = self._cache.get(entry)
         if cached is not None and cached[0] == generation:
             return cached[1]
         async with self._pool.acquire(timeout=POOL_ACQUIRE_SECONDS) as conn:
-            principal = await keys_repo.principal_for_key_id(conn, key_id)
+            principal = await load(conn)
         self._cache[entry] = (generation, principal)
         return principal
 

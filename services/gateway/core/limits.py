@@ -28,14 +28,18 @@ class RateLimiter:
         self._local: dict[str, int] = {}
         self._local_window = 0
 
-    async def hit(self, name: str, subject: str, limit: int) -> tuple[bool, int]:
-        """Count one request; (allowed, seconds until the window resets)."""
+    def _window(self, name: str, subject: str) -> tuple[str, int, int]:
+        """This window's counter key, the window's number and the seconds until it resets."""
         now = time.time()
         window = int(now // WINDOW_SECONDS)
         retry_after = max(1, math.ceil((window + 1) * WINDOW_SECONDS - now))
+        return f"{self.prefix}:{name}:{subject}:{window}", window, retry_after
+
+    async def hit(self, name: str, subject: str, limit: int) -> tuple[bool, int]:
+        """Count one request; (allowed, seconds until the window resets)."""
+        key, window, retry_after = self._window(name, subject)
         if limit <= 0:
             return True, retry_after
-        key = f"{self.prefix}:{name}:{subject}:{window}"
         count = None
         if self.redis is not None:
             try:
@@ -59,12 +63,9 @@ class RateLimiter:
         """Whether `subject` is already past `limit` in this window, without counting: for
         limits that count only failures (wrong keys at the OAuth consent form), checked before
         the attempt so that a throttled caller cannot learn whether its next guess is right."""
-        now = time.time()
-        window = int(now // WINDOW_SECONDS)
-        retry_after = max(1, math.ceil((window + 1) * WINDOW_SECONDS - now))
+        key, window, retry_after = self._window(name, subject)
         if limit <= 0:
             return False, retry_after
-        key = f"{self.prefix}:{name}:{subject}:{window}"
         count = None
         if self.redis is not None:
             try:

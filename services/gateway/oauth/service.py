@@ -104,11 +104,14 @@ class OAuthService:
         self.authenticator = authenticator
         self.csrf = ConsentCsrf(settings.access_key)
 
-    async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
-        if _CONTROL.search(client_id):
+    async def _client_row(self, client_id: str) -> asyncpg.Record | None:
+        if _CONTROL.search(client_id):  # Postgres cannot hold it; no client has it
             return None
         async with self.pool.acquire() as conn:
-            row = await oauth_repo.get_client(conn, client_id)
+            return await oauth_repo.get_client(conn, client_id)
+
+    async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
+        row = await self._client_row(client_id)
         if row is None:
             return None
         return OAuthClientInformationFull(
@@ -118,10 +121,7 @@ class OAuthService:
         )
 
     async def registered(self, client_id: str) -> RegisteredClient | None:
-        if _CONTROL.search(client_id):
-            return None
-        async with self.pool.acquire() as conn:
-            row = await oauth_repo.get_client(conn, client_id)
+        row = await self._client_row(client_id)
         if row is None:
             return None
         return RegisteredClient(row["client_id"], tuple(row["redirect_uris"]), row["key_id"])
