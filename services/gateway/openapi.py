@@ -10,10 +10,10 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 
+from services.gateway.core.caller import has_permission
 from services.gateway.core.scope import PRINCIPAL_SCOPE_KEY
 from services.gateway.core.state import gateway_state
 from services.gateway.core.wire import unauthorized
-from services.gateway.mcp.server import has_permission
 from shared.contract.catalog import TOOLS
 from shared.domain.principal import Principal
 

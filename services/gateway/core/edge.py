@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.gateway.core import unavailable
 from services.gateway.core.auth import bearer_token
+from services.gateway.core.caller import API_KEY_HEADER, API_KEY_PATH_PREFIXES
 from services.gateway.core.limits import body_limit_for
 from services.gateway.core.scope import INITIALIZE_SCOPE_KEY, PRINCIPAL_SCOPE_KEY, SESSION_SCOPE_KEY, TOKEN_SCOPE_KEY
 from services.gateway.core.state import GatewayState, state_of
@@ -47,7 +48,10 @@ class _TooLarge(Exception):
 
 
 def request_token(scope: Scope) -> str | None:
-    token = bearer_token(Headers(scope=scope).get("authorization"))
+    headers = Headers(scope=scope)
+    token = bearer_token(headers.get("authorization"))
+    if token is None and scope["path"].startswith(API_KEY_PATH_PREFIXES):
+        token = headers.get(API_KEY_HEADER) or None
     if token is None and scope["path"] == "/sse":
         # seed: legacy SSE authenticates with ?accessKey=
         values = parse_qs(scope.get("query_string", b"").decode()).get("accessKey")

@@ -18,6 +18,7 @@ from prometheus_client import Counter
 from services.common.internal import parse_arguments
 from services.common.rpc import InternalClient
 from services.gateway.core import unavailable
+from services.gateway.core.caller import has_permission
 from services.gateway.core.scope import OPENED_SCOPE_KEY, PRINCIPAL_SCOPE_KEY, SESSION_SCOPE_KEY, TOKEN_SCOPE_KEY
 from services.gateway.core.usage import DailyCalls
 from services.gateway.mcp import modes, skill_guide
@@ -40,13 +41,6 @@ DAILY_LIMIT_EXCEEDED = -32000
 RBAC_DENIED = Counter("mcp_rbac_denied_total", "Tool calls refused by RBAC", ["tool", "required"])
 MODE_DENIED = Counter("mcp_mode_denied_total", "Tool calls refused by the session's mode preset", ["tool", "mode"])
 MCP_TOOL_CALLS = Counter("mcp_tool_calls_total", "MCP tool calls", ["tool", "outcome"])
-
-
-def has_permission(principal: Principal, required: str | None) -> bool:
-    """seed RBAC: no entry -> no check; master (permissions null) and admin pass everything."""
-    if required is None or principal.permissions is None:
-        return True
-    return "admin" in principal.permissions or required in principal.permissions
 
 
 def check_permission(principal: Principal, spec_name: str, required: str | None) -> None:
