@@ -47,6 +47,18 @@ class CommonSettings(BaseSettings):
     redis_timeout: timedelta = Field(timedelta(milliseconds=250), alias="REDIS_TIMEOUT")
     # After a Redis failure the request path skips Redis this long (one probe then tries again).
     redis_breaker_cooldown: timedelta = Field(timedelta(seconds=5), alias="REDIS_BREAKER_COOLDOWN")
+    # Artifacts (reference 004): bytes outside Postgres rows, in ARTIFACTS_DIR on local disk, or
+    # in an S3-compatible store once ARTIFACTS_S3_BUCKET is set (shared/artifacts/). Read by
+    # ingest (writes, purge) and recall (reads); the gateway only checks the size early.
+    artifacts_dir: str = Field(".data/artifacts", alias="ARTIFACTS_DIR")
+    artifacts_s3_bucket: str | None = Field(None, alias="ARTIFACTS_S3_BUCKET")
+    artifacts_s3_endpoint: str | None = Field(None, alias="ARTIFACTS_S3_ENDPOINT")
+    artifacts_s3_region: str = Field("us-east-1", alias="ARTIFACTS_S3_REGION")
+    artifacts_s3_access_key: str | None = Field(None, alias="ARTIFACTS_S3_ACCESS_KEY")
+    artifacts_s3_secret_key: str | None = Field(None, alias="ARTIFACTS_S3_SECRET_KEY")
+    # Decoded bytes per artifact. 512 KiB keeps a binary artifact's base64 JSON body (4/3 of it)
+    # inside the gateway's default MAX_BODY_BYTES (1 MiB); raise both together.
+    artifact_max_bytes: int = Field(512 * 1024, alias="ARTIFACT_MAX_BYTES", ge=1)
 
     @field_validator("redis_timeout", "redis_breaker_cooldown", mode="before")
     @classmethod
@@ -125,6 +137,14 @@ class GatewaySettings(CommonSettings):
     oauth_consent_failures_per_min: int = Field(10, alias="OAUTH_CONSENT_FAILURES_PER_MIN")
     oauth_code_ttl: timedelta = Field(timedelta(minutes=5), alias="OAUTH_CODE_TTL")
     oauth_token_ttl: timedelta = Field(timedelta(hours=24), alias="OAUTH_TOKEN_TTL")
+    # Artifact download tokens (reference 004, mnemory's names): HS256-signed with this secret,
+    # DOWNLOAD_TOKEN_TTL seconds by default, a client's ttl capped at DOWNLOAD_TOKEN_MAX_TTL.
+    # The dev default is refused in production (check_secure).
+    artifact_token_secret: str = Field("engram-dev-artifact-token-secret", alias="ARTIFACT_TOKEN_SECRET")
+    download_token_ttl: int = Field(3600, alias="DOWNLOAD_TOKEN_TTL", ge=1)
+    download_token_max_ttl: int = Field(86400, alias="DOWNLOAD_TOKEN_MAX_TTL", ge=1)
+    # Prefix of the download URLs the token endpoint returns; unset, they are relative paths.
+    server_base_url: str | None = Field(None, alias="SERVER_BASE_URL")
 
     @field_validator("allowed_hosts", "allowed_origins", "oauth_redirect_allowlist", "oauth_redirect_exact_uris", mode="before")
     @classmethod
@@ -142,6 +162,8 @@ class GatewaySettings(CommonSettings):
         """Refuse a missing or default master key outside dev."""
         if self.environment == "production" and self.access_key in ("", DEV_MASTER_KEY):
             raise ValueError("MEMENTO_ACCESS_KEY must be set to a secret value in production")
+        if self.environment == "production" and self.artifact_token_secret == "engram-dev-artifact-token-secret":  # noqa: S105
+            raise ValueError("ARTIFACT_TOKEN_SECRET must be set to a secret value in production")
 
 
 class RecallSettings(CommonSettings):

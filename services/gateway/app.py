@@ -29,6 +29,7 @@ from services.gateway.mcp import rotation
 from services.gateway.mcp.modes import MODES
 from services.gateway.mcp.server import McpHandler
 from services.gateway.mcp.transports import Transports
+from services.gateway.mnemory_api import artifacts as mnemory_artifacts
 from services.gateway.oauth.service import OAuthService, install_oauth
 from services.gateway.sessions import (
     FallbackSessionStore,
@@ -153,6 +154,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.include_router(admin_keys.router)
     app.include_router(admin_maintenance_router)
     app.include_router(admin_io.router)
+    app.include_router(mnemory_artifacts.router)
     install_oauth(app)
     openapi.install(app)
     # Inside the observability middleware, so refusals (413, 429) are counted too.

@@ -16,6 +16,7 @@ from services.ingest import reflect as reflect_tool
 from services.ingest import remember as remember_tool
 from services.ingest import transfer as transfer_tool
 from services.ingest.admin_tools import TOOL_HANDLERS as ADMIN_TOOL_HANDLERS
+from services.ingest.artifacts import TOOL_HANDLERS as ARTIFACT_TOOL_HANDLERS
 from services.ingest.service import WriteResources, after_commit, invalidate_recall_cache
 from shared.jobs import JobBuffer
 
@@ -70,4 +71,6 @@ tool_handlers = {
     # Served for the gateway's admin import route only (master key; never an MCP tool).
     "admin_import": _with_jobs(transfer_tool.import_fragments),
     **ADMIN_TOOL_HANDLERS,
+    # Served for the gateway's /api/memories/{id}/artifacts routes (reference 004).
+    **ARTIFACT_TOOL_HANDLERS,
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from services.common.internal import ToolContext, parse_arguments
+from services.ingest.artifacts import purge_after_forget
 from services.ingest.feedback import attach_hint
 from services.ingest.service import WriteResources
 from shared.contract.write import ForgetArgs
@@ -45,6 +46,9 @@ async def forget(res: WriteResources, ctx: ToolContext, arguments: dict[str, Any
     if deleted == 0:
         # seed: success stays true, but the error key turns the MCP envelope into isError.
         return {"success": True, "deleted": 0, "error": NOT_FOUND}, True
+    # The deleted memories' artifacts went with their rows (migration 0020); their stored
+    # objects are deleted now, after the commit.
+    await purge_after_forget(res)
     result: dict[str, Any] = {"success": True, "deleted": deleted}
     if protected:
         result["protected"] = protected

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 
 from services.common.internal import ToolContext, database_health
 from services.recall import service, tools
+from services.recall.artifacts import TOOL_HANDLERS as ARTIFACT_TOOL_HANDLERS
 
 router = APIRouter()
 router.add_api_route("/health", database_health("recall"), methods=["GET"])
@@ -29,4 +30,6 @@ tool_handlers = {
     "fragment_history": _handler(tools.fragment_history),
     "memory_stats": _handler(tools.memory_stats),
     "tool_feedback": _handler(tools.tool_feedback),
+    # Served for the gateway's /api/memories/{id}/artifacts routes (reference 004).
+    **ARTIFACT_TOOL_HANDLERS,
 }
