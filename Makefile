@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint validate-deploy eval clean
+.PHONY: run test bench lint validate-deploy eval clean browser-tools
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,7 +19,7 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/python -m services.stack run
 
-test: lint deploy-tools test-clients
+test: lint deploy-tools browser-tools test-clients
 	$(BIN)/python -m pytest -q tests
 
 # ruff (rules chosen in pyproject.toml) and mypy over services/ and shared/: zero findings.
@@ -30,6 +30,10 @@ lint: $(STAMP)
 # docker-compose (Debian's package) parses docker-compose.yml offline; no engine runs here.
 deploy-tools:
 	@command -v docker-compose >/dev/null 2>&1 || { (apt-get update -qq && apt-get install -y -qq docker-compose >/dev/null) || echo "docker-compose not installable; its test will skip"; }
+
+# Debian's chromium for tests/console (Playwright drives it; Playwright's own browser download is never used).
+browser-tools:
+	@command -v chromium >/dev/null 2>&1 || { (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "chromium not installable; the console's browser tests will skip"; }
 
 validate-deploy: $(STAMP) deploy-tools
 	$(BIN)/python -m pytest -q tests/deploy

@@ -15,8 +15,13 @@ from services.common.heap import settle_heap
 from services.common.internal import install_observability
 from services.common.rpc import InternalClient
 from services.gateway import openapi
+from services.gateway.admin import console as admin_console
 from services.gateway.admin import io as admin_io
 from services.gateway.admin import keys as admin_keys
+from services.gateway.admin import logs as admin_logs
+from services.gateway.admin import memory as admin_memory
+from services.gateway.admin import sessions as admin_sessions
+from services.gateway.admin import stats as admin_stats
 from services.gateway.admin.maintenance import router as admin_maintenance_router
 from services.gateway.api import router
 from services.gateway.core.auth import Authenticator
@@ -42,7 +47,7 @@ from shared.db import create_pool
 from shared.jobs import celery_client
 from shared.redis_breaker import request_path_redis
 from shared.settings import GatewaySettings
-from shared.telemetry import configure_logging, configure_tracing
+from shared.telemetry import configure_telemetry
 
 logger = logging.getLogger(__name__)
 VERSION = "0.1.0"
@@ -118,8 +123,7 @@ async def build_state(settings: GatewaySettings) -> GatewayState:
 def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     settings = settings or GatewaySettings()
     settings.check_secure()
-    configure_logging(settings.log_level)
-    configure_tracing(settings.otel_service_name or "engram-gateway", console=settings.otel_console)
+    configure_telemetry(settings, "engram-gateway")
     # mcp 2.3.0 logs "Terminating session: None" at INFO for every stateless request.
     logging.getLogger("mcp.server.streamable_http").setLevel(logging.WARNING)
 
@@ -154,11 +158,14 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.include_router(admin_keys.router)
     app.include_router(admin_maintenance_router)
     app.include_router(admin_io.router)
+    for admin_views in (admin_stats, admin_memory, admin_sessions, admin_logs):
+        app.include_router(admin_views.router)
+    app.include_router(admin_console.router)
     app.include_router(mnemory_artifacts.router)
     install_oauth(app)
     openapi.install(app)
     # Inside the observability middleware, so refusals (413, 429) are counted too.
     app.add_middleware(JsonRpcGuard)  # inside the edge: after the body limit and the credential
     app.add_middleware(GatewayEdge)
-    install_observability(app, "gateway")
+    install_observability(app, "gateway", lambda app: getattr(app.state, STATE_ATTRIBUTE, None))
     return app
