@@ -30,7 +30,7 @@ from redis.exceptions import RedisError
 
 from shared.repositories import outbox as outbox_repo
 from shared.repositories.outbox import OutboxJob
-from shared.telemetry import inject_headers
+from shared.telemetry import inject_headers, recorded_context
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,9 @@ def send_outbox_jobs(client: Celery, jobs: list[OutboxJob]) -> int:
     """Send jobs in order until the broker refuses one; return how many were sent."""
     for n, job in enumerate(jobs):
         try:
-            client.send_task(job.task, kwargs=job.kwargs, queue=job.queue, headers=job.headers, retry=False)
+            # Under the request's recorded trace: the send (and the task) join that trace.
+            with recorded_context(job.headers):
+                client.send_task(job.task, kwargs=job.kwargs, queue=job.queue, headers=dict(job.headers), retry=False)
         except BROKER_ERRORS:
             logger.warning("broker unavailable; %d outbox jobs wait for the next try", len(jobs) - n, exc_info=True)
             JOBS_SENT.labels(job.task, "failed").inc()

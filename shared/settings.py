@@ -35,8 +35,16 @@ class CommonSettings(BaseSettings):
     # any caller without it.
     service_token: str = Field("engram-dev-service-token", alias="ENGRAM_SERVICE_TOKEN")
     log_level: str = Field("INFO", alias="LOG_LEVEL")
+    # Unset: JSON under ENGRAM_ENV=production, text elsewhere (make run, tests).
+    log_format: Literal["text", "json"] | None = Field(None, alias="LOG_FORMAT")
     otel_service_name: str | None = Field(None, alias="OTEL_SERVICE_NAME")
     otel_console: bool = Field(False, alias="ENGRAM_OTEL_CONSOLE")
+    # The standard OpenTelemetry variables that decide whether traces leave the process
+    # (shared/telemetry.py); the exporter reads the others (headers, timeout, ...) itself.
+    otel_sdk_disabled: bool = Field(False, alias="OTEL_SDK_DISABLED")
+    otel_traces_exporter: str = Field("", alias="OTEL_TRACES_EXPORTER")
+    otel_exporter_otlp_endpoint: str = Field("", alias="OTEL_EXPORTER_OTLP_ENDPOINT")
+    otel_exporter_otlp_traces_endpoint: str = Field("", alias="OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
     # seed 003: secrets are never stored; "reject" refuses the write (-32602 naming the kind),
     # "redact" stores the text with each secret replaced by [REDACTED:<kind>]. Common: ingest
     # screens every write tool, recall screens tool_feedback's free text.
@@ -60,7 +68,14 @@ class CommonSettings(BaseSettings):
     # inside the gateway's default MAX_BODY_BYTES (1 MiB); raise both together.
     artifact_max_bytes: int = Field(512 * 1024, alias="ARTIFACT_MAX_BYTES", ge=1)
 
-    @field_validator("redis_timeout", "redis_breaker_cooldown", mode="before")
+    # memory:* events (reference 001, shared/memory_events.py): one Redis stream every write
+    # path publishes to and every gateway replica reads, bounded by count (XADD MAXLEN ~) and
+    # by age (XTRIM MINID ~). ~150 bytes an event: the default count is ~15 MB of Redis.
+    memory_events_stream: str = Field("engram:memory:events", alias="ENGRAM_MEMORY_EVENTS_STREAM")
+    memory_events_maxlen: int = Field(100_000, alias="ENGRAM_MEMORY_EVENTS_MAXLEN", ge=1)
+    memory_events_retention: timedelta = Field(timedelta(hours=24), alias="ENGRAM_MEMORY_EVENTS_RETENTION")
+
+    @field_validator("redis_timeout", "redis_breaker_cooldown", "memory_events_retention", mode="before")
     @classmethod
     def _redis_seconds(cls, value: object) -> object:
         return seconds_or_duration(value)
@@ -68,6 +83,23 @@ class CommonSettings(BaseSettings):
     @property
     def redis_active(self) -> bool:
         return self.redis_enabled and bool(self.redis_url)
+
+    @property
+    def effective_log_format(self) -> Literal["text", "json"]:
+        return self.log_format or ("json" if self.environment == "production" else "text")
+
+    @property
+    def otel_exporters(self) -> frozenset[str]:
+        return frozenset(part.strip().lower() for part in self.otel_traces_exporter.split(",") if part.strip())
+
+    @property
+    def otlp_traces(self) -> bool:
+        """OTLP export: asked for by name, or implied by an endpoint; "none" turns it off.
+        (The spec's default exporter is otlp; without an endpoint here it stays off, so a
+        dev stack does not retry a collector that is not there.)"""
+        if "none" in self.otel_exporters:
+            return False
+        return "otlp" in self.otel_exporters or bool(self.otel_exporter_otlp_endpoint or self.otel_exporter_otlp_traces_endpoint)
 
 
 class EmbeddingSettings(BaseSettings):
@@ -100,6 +132,9 @@ class GatewaySettings(CommonSettings):
     allowed_origins: Annotated[list[str], NoDecode] = Field(default_factory=list, alias="ALLOWED_ORIGINS")
     max_body_bytes: int = Field(1024 * 1024, alias="MAX_BODY_BYTES")
     enable_openapi: bool = Field(False, alias="ENABLE_OPENAPI")
+    # The folder the services' log files are in (seed: LOG_DIR), read by the admin /logs routes;
+    # unset (or empty): the deployment logs to stdout only and those routes say so.
+    log_dir: str | None = Field(None, alias="LOG_DIR")
     # Celery broker for the session hooks (auto reflect); defaults to REDIS_URL.
     broker_url: str | None = Field(None, alias="CELERY_BROKER_URL")
     # seed: session segments ({transportId}#{seq}) rotate on idle / lifetime; on by default.
@@ -137,6 +172,10 @@ class GatewaySettings(CommonSettings):
     oauth_consent_failures_per_min: int = Field(10, alias="OAUTH_CONSENT_FAILURES_PER_MIN")
     oauth_code_ttl: timedelta = Field(timedelta(minutes=5), alias="OAUTH_CODE_TTL")
     oauth_token_ttl: timedelta = Field(timedelta(hours=24), alias="OAUTH_TOKEN_TTL")
+    # GET /api/v1/memory/events and /ws: a keep-alive (and, on SSE, the stream's position past
+    # events the subscriber's filters skipped) this often; the key is re-checked as often, so a
+    # key set inactive or deleted ends its streams within this time.
+    memory_events_keepalive: timedelta = Field(timedelta(seconds=15), alias="ENGRAM_MEMORY_EVENTS_KEEPALIVE")
     # Artifact download tokens (reference 004, mnemory's names): HS256-signed with this secret,
     # DOWNLOAD_TOKEN_TTL seconds by default, a client's ttl capped at DOWNLOAD_TOKEN_MAX_TTL.
     # The dev default is refused in production (check_secure).
@@ -145,6 +184,11 @@ class GatewaySettings(CommonSettings):
     download_token_max_ttl: int = Field(86400, alias="DOWNLOAD_TOKEN_MAX_TTL", ge=1)
     # Prefix of the download URLs the token endpoint returns; unset, they are relative paths.
     server_base_url: str | None = Field(None, alias="SERVER_BASE_URL")
+
+    @field_validator("memory_events_keepalive", mode="before")
+    @classmethod
+    def _keepalive_seconds(cls, value: object) -> object:
+        return seconds_or_duration(value)
 
     @field_validator("allowed_hosts", "allowed_origins", "oauth_redirect_allowlist", "oauth_redirect_exact_uris", mode="before")
     @classmethod
@@ -198,6 +242,16 @@ class IngestSettings(CommonSettings):
     # replicas, and the longest wait between two tries while the broker is down.
     outbox_poll_interval: timedelta = Field(timedelta(seconds=2), alias="ENGRAM_OUTBOX_POLL_INTERVAL")
     outbox_backoff_max: timedelta = Field(timedelta(seconds=30), alias="ENGRAM_OUTBOX_BACKOFF_MAX")
+    # reference 001 GET /memory/consolidation/status: how often the LLM consolidation pass is
+    # due (`intervalHours`, `due`); a bare number is hours.
+    memory_consolidation_interval: timedelta = Field(timedelta(hours=24), alias="MEMORY_CONSOLIDATION_INTERVAL_HOURS")
+
+    @field_validator("memory_consolidation_interval", mode="before")
+    @classmethod
+    def _hours(cls, value: object) -> object:
+        if isinstance(value, (int, float)) or (isinstance(value, str) and value.replace(".", "", 1).isdigit()):
+            return timedelta(hours=float(value))
+        return value
 
     @field_validator("feedback_cooldown", "outbox_poll_interval", "outbox_backoff_max", mode="before")
     @classmethod
@@ -297,3 +351,35 @@ class LLMSettings(BaseSettings):
     @property
     def configured(self) -> bool:
         return bool(self.base_url and self.model)
+
+
+class MnemorySettings(BaseSettings):
+    """The mnemory REST surface (reference 004; services/gateway/mnemory_api/): env names are
+    the reference's. Read by the gateway (auth, memory sessions, rate limit), recall (score
+    threshold) and the worker (/api/remember's job)."""
+
+    model_config = SettingsConfigDict(extra="ignore")
+
+    # ES256 JWTs with aud=mnemory: a PEM public key file, or a JWKS URL (one of them).
+    jwt_public_key: str = Field("", alias="MNEMORY_JWT_PUBLIC_KEY")
+    jwks_url: str = Field("", alias="MNEMORY_JWKS_URL")
+    jwt_issuer: str = Field("cognis", alias="MNEMORY_JWT_ISSUER")
+    # The claim whose value is the Engram API key id a token acts as (README).
+    jwt_key_claim: str = Field("sub", alias="MNEMORY_JWT_KEY_CLAIM")
+    # Idle lifetime of a /api/recall memory session (seconds or ISO 8601), prolonged by use.
+    memory_session_ttl: timedelta = Field(timedelta(hours=24), alias="MEMORY_SESSION_TTL")
+    # redis (default when REDIS_URL is set) or memory (one gateway process only).
+    session_backend: Literal["redis", "memory"] | None = Field(None, alias="SESSION_BACKEND")
+    # /api/remember calls per key per minute; 0 = no limit.
+    remember_rate_limit: int = Field(10, alias="REMEMBER_RATE_LIMIT", ge=0)
+    # Results /api/recall's find returns at most.
+    recall_max_results: int = Field(10, alias="RECALL_MAX_RESULTS", ge=1, le=100)
+    # Minimum cosine of a search result (the server default under a request's score_threshold).
+    search_score_threshold: float = Field(0.30, alias="SEARCH_SCORE_THRESHOLD", ge=0, le=1)
+    # Sub-queries /find runs at most (the LLM's, or the deterministic fallback's).
+    find_max_queries: int = Field(5, alias="FIND_MAX_QUERIES", ge=1, le=10)
+
+    @field_validator("memory_session_ttl", mode="before")
+    @classmethod
+    def _seconds(cls, value: object) -> object:
+        return seconds_or_duration(value)

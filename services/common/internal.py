@@ -7,18 +7,22 @@ message, data}}` that the gateway turns back into the same JSON-RPC error.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from fastapi.telemetry import TelemetryConfig
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 from pydantic import BaseModel, ValidationError
+from starlette.routing import Match, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.common.rpc import SERVICE_TOKEN_HEADER
@@ -26,6 +30,7 @@ from shared.contract.base import problems
 from shared.db import ping
 from shared.domain.errors import CredentialGone, EngramError, InvalidParams
 from shared.domain.principal import Principal
+from shared.metrics import DEPENDENCY_UP, OTHER, count_error, observe_pool, tool_timers
 from shared.telemetry import CORRELATION_HEADER, correlation_id, extract_context, new_correlation_id
 
 logger = logging.getLogger(__name__)
@@ -76,23 +81,56 @@ def database_health(service: str) -> Callable[[Request], Awaitable[JSONResponse]
     return health
 
 
-class _Observe:
-    """Trace context in, correlation id, HTTP metrics: plain ASGI, since Starlette's
-    BaseHTTPMiddleware runs every request through an extra task and memory streams (recall
-    spent 2.1 vs 1.4 ms of CPU per internal tool call, bench/gateway_bench.py's direct case)."""
+# FastAPI's own OpenTelemetry middleware would be a second server span (and histogram) per
+# request beside _Observe's: every app passes this to FastAPI(telemetry=...).
+NATIVE_TELEMETRY_OFF: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
+# Where _Observe leaves the request's trace context and correlation id in the ASGI scope, for
+# handlers that run in another task (the MCP SDK dispatches messages in its session's task
+# group, which does not inherit the request's context).
+TRACE_SCOPE_KEY = "engram.trace_context"
+CORRELATION_SCOPE_KEY = "engram.correlation_id"
+_TRACE_HEADERS = {b"traceparent": "traceparent", b"tracestate": "tracestate", CORRELATION_HEADER.encode(): CORRELATION_HEADER}
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+# A path no route serves (a scanner's probe): one label, never the path itself.
+UNMATCHED = "unmatched"
 
-    def __init__(self, app: ASGIApp, service: str) -> None:
+
+class _Observe:
+    """The one server span per request, correlation id, HTTP metrics: plain ASGI, since
+    Starlette's BaseHTTPMiddleware runs every request through an extra task and memory
+    streams (recall spent 2.1 vs 1.4 ms of CPU per internal tool call, bench/gateway_bench.py's
+    direct case). Routes are labelled by their template (`/v1/tools/{name}`), so the label set
+    is the route table plus "unmatched"."""
+
+    def __init__(self, app: ASGIApp, service: str, router: Router) -> None:
         self.app = app
         self.service = service
+        self.router = router
         self.tracer = trace.get_tracer(f"engram.{service}")
+
+    def route_label(self, scope: Scope) -> str:
+        path = getattr(scope.get("route"), "path", None)
+        if path is not None:
+            return str(path) or "/"
+        # Refused before routing (413, 429, 401 at the front door): the route it was for.
+        for route in self.router.routes:
+            match, _ = route.matches(scope)
+            if match is not Match.NONE:
+                return str(getattr(route, "path", UNMATCHED)) or "/"
+        return UNMATCHED
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        route = _route_label(self.service, scope["path"])
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        correlation_id.set(headers.get(CORRELATION_HEADER) or new_correlation_id())
+        carrier: dict[str, str] = {}
+        for key, value in scope["headers"]:
+            name = _TRACE_HEADERS.get(key)
+            if name is not None:
+                carrier[name] = value.decode("latin-1")
+        cid = carrier.get(CORRELATION_HEADER) or new_correlation_id()
+        correlation_id.set(cid)
+        method = scope["method"] if scope["method"] in _METHODS else "OTHER"
         status = 500
         latency_seen = False
         start = time.perf_counter()
@@ -102,43 +140,84 @@ class _Observe:
             if message["type"] == "http.response.start":
                 status = message["status"]
                 # Time to the response's start, as before: a stream's length is not latency.
-                HTTP_LATENCY.labels(self.service, route).observe(time.perf_counter() - start)
+                HTTP_LATENCY.labels(self.service, self.route_label(scope)).observe(time.perf_counter() - start)
                 latency_seen = True
             await send(message)
 
-        span = f"{scope['method']} {route}"
-        with self.tracer.start_as_current_span(span, context=extract_context(headers), kind=trace.SpanKind.SERVER):
+        parent = extract_context(carrier) if "traceparent" in carrier else None
+        with self.tracer.start_as_current_span(method, context=parent, kind=trace.SpanKind.SERVER) as span:
+            scope[TRACE_SCOPE_KEY] = otel_context.get_current()
+            scope[CORRELATION_SCOPE_KEY] = cid
             try:
                 await self.app(scope, receive, observed)
             finally:
+                route = self.route_label(scope)
                 if not latency_seen:
                     HTTP_LATENCY.labels(self.service, route).observe(time.perf_counter() - start)
                 HTTP_REQUESTS.labels(self.service, route, str(status)).inc()
+                span.update_name(f"{method} {route}")
+                span.set_attribute("http.request.method", method)
+                span.set_attribute("http.route", route)
+                span.set_attribute("http.response.status_code", status)
+                if status >= 500:
+                    span.set_status(trace.StatusCode.ERROR)
 
 
-def install_observability(app: FastAPI, service: str) -> None:
-    """Trace context in, correlation id, HTTP metrics and GET /metrics, for every service."""
-    app.add_middleware(_Observe, service=service)
+class ObservedResources(Protocol):
+    """What /metrics reads at scrape time: the process's pool and (optional) Redis client."""
+
+    pool: asyncpg.Pool
+    redis: Any
+
+
+# A scrape answers within Prometheus' 10 s timeout even when a dependency hangs.
+PROBE_SECONDS = 1.0
+
+
+async def _observe_dependencies(service: str, resources: ObservedResources) -> None:
+    observe_pool(service, resources.pool)
+    try:
+        async with asyncio.timeout(PROBE_SECONDS):
+            await ping(resources.pool)
+        DEPENDENCY_UP.labels(service, "postgres").set(1)
+    except Exception:  # noqa: BLE001 - a probe: any failure means "not reached"
+        DEPENDENCY_UP.labels(service, "postgres").set(0)
+    if resources.redis is None:
+        return
+    try:
+        async with asyncio.timeout(PROBE_SECONDS):
+            await resources.redis.ping()
+        DEPENDENCY_UP.labels(service, "redis").set(1)
+    except Exception:  # noqa: BLE001 - a probe: any failure means "not reached"
+        DEPENDENCY_UP.labels(service, "redis").set(0)
+
+
+def install_observability(
+    app: FastAPI, service: str, resources: Callable[[FastAPI], ObservedResources | None] | None = None,
+) -> None:
+    """Trace context in, correlation id, HTTP metrics and GET /metrics, for every service.
+    `resources` gives /metrics the pool and Redis to report on (pool saturation, reachability)."""
+    app.add_middleware(_Observe, service=service, router=app.router)
 
     @app.get("/metrics", include_in_schema=False)
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        observed = _resources_of(request.app, resources)
+        if observed is not None:
+            await _observe_dependencies(service, observed)
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 
-# Metric labels stay bounded: the first 100 distinct paths per service, then "other".
-_ROUTE_LABELS: dict[str, set[str]] = {}
+def _resources_of(app: FastAPI, resources: Callable[[FastAPI], ObservedResources | None] | None) -> ObservedResources | None:
+    if resources is None:
+        return None
+    try:
+        return resources(app)
+    except AttributeError:  # scraped before the lifespan built them
+        return None
 
 
-def _route_label(service: str, path: str) -> str:
-    if path.startswith("/v1/tools/"):
-        return "/v1/tools/{name}"
-    seen = _ROUTE_LABELS.setdefault(service, set())
-    if path in seen:
-        return path
-    if len(seen) < 100:
-        seen.add(path)
-        return path
-    return "other"
+def _app_resources(app: FastAPI) -> ObservedResources | None:
+    return getattr(app.state, "resources", None)
 
 
 def install_internal_api(
@@ -147,7 +226,8 @@ def install_internal_api(
     handlers: dict[str, Callable[[Request, ToolContext, dict[str, Any]], Awaitable[tuple[dict[str, Any], bool]]]],
     token_getter: Callable[[], str],
 ) -> None:
-    install_observability(app, service)
+    install_observability(app, service, _app_resources)
+    timers = tool_timers(service)
 
     @app.exception_handler(EngramError)
     async def engram_error(_request: Request, exc: EngramError) -> JSONResponse:
@@ -168,6 +248,7 @@ def install_internal_api(
             transport_id=session.get("transport_id"),
         )
         started = time.perf_counter()
+        timer = timers.get(name) or timers[OTHER]
         try:
             try:
                 result, is_error = await handler(request, ctx, body.arguments)
@@ -178,9 +259,15 @@ def install_internal_api(
                 raise CredentialGone("Unauthorized: this API key has been deleted") from None
         except EngramError as exc:
             TOOL_CALLS.labels(service, name, "error").inc()
+            count_error(service, name, exc)
             elapsed_ms = (time.perf_counter() - started) * 1000
             logger.info("tool %s error %s in %.1f ms (key %s)", name, exc.code, elapsed_ms, ctx.principal.key_id)
             raise
+        except Exception as exc:
+            count_error(service, name, exc)
+            raise
+        finally:
+            timer.observe(time.perf_counter() - started)
         outcome = "tool_error" if is_error else "ok"
         TOOL_CALLS.labels(service, name, outcome).inc()
         # One line per call: the log format carries the trace id and correlation id.

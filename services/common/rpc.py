@@ -24,12 +24,14 @@ from typing import Any, Literal
 
 import httpx2
 from cachetools import TTLCache
+from opentelemetry import trace
 
 from shared.domain.errors import EngramError, InvalidParams, PolicyViolation, Unavailable
 from shared.domain.principal import Principal
 from shared.telemetry import inject_headers
 
 logger = logging.getLogger(__name__)
+_tracer = trace.get_tracer("engram.rpc")
 
 # The shared secret's header, checked by the server side (services/common/internal.py). Named
 # here, in the module without a web framework, so the Celery worker can call without one.
@@ -102,7 +104,15 @@ class InternalClient:
         start = next(self._cursor[service])
         wire = principal.to_wire() if isinstance(principal, Principal) else principal
         payload = {"arguments": arguments, "principal": wire, "session": session}
-        headers = inject_headers({SERVICE_TOKEN_HEADER: self._token})
+        # The internal hop's CLIENT span; the service's server span is its child.
+        with _tracer.start_as_current_span(f"POST {service} /v1/tools/{{name}}", kind=trace.SpanKind.CLIENT) as span:
+            span.set_attribute("engram.tool", tool)
+            headers = inject_headers({SERVICE_TOKEN_HEADER: self._token})
+            return await self._call(service, tool, urls, start, payload, headers)
+
+    async def _call(
+        self, service: str, tool: str, urls: list[str], start: int, payload: dict[str, Any], headers: dict[str, str],
+    ) -> tuple[dict[str, Any], bool]:
         last_error: Exception | None = None
         # Round robin over replicas; a replica that refuses the connection is skipped.
         for attempt in range(len(urls)):

@@ -12,26 +12,29 @@ import anyio
 from fastapi import FastAPI
 
 from services.common.heap import settle_heap
-from services.common.internal import install_internal_api
+from services.common.internal import NATIVE_TELEMETRY_OFF, install_internal_api
 from services.ingest.api import router, tool_handlers
 from services.ingest.service import INLINE_JOBS, WriteResources
+from shared import memory_events
 from shared.db import create_pool
 from shared.embeddings import load_embedder
 from shared.job_relay import OutboxRelay
 from shared.jobs import broker_key, celery_client, send_outbox_jobs
 from shared.redis_breaker import request_path_redis
 from shared.settings import IngestSettings
-from shared.telemetry import configure_logging, configure_tracing
+from shared.telemetry import configure_telemetry
 
 
 def create_app(settings: IngestSettings | None = None) -> FastAPI:
     settings = settings or IngestSettings()
-    configure_logging(settings.log_level)
-    configure_tracing(settings.otel_service_name or "engram-ingest", console=settings.otel_console)
+    configure_telemetry(settings, "engram-ingest")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        pool = await create_pool(settings.database_url, min_size=settings.db_pool_min, max_size=settings.db_pool_max)
+        pool = await create_pool(
+            settings.database_url, min_size=settings.db_pool_min, max_size=settings.db_pool_max,
+            server_settings=memory_events.recording_settings(settings),
+        )
         embedder = await anyio.to_thread.run_sync(load_embedder)
         # The batch queue, the recall cache's generations and the feedback-sampling limits;
         # no connection is made until used, and a Redis outage costs a request ~nothing.
@@ -49,19 +52,25 @@ def create_app(settings: IngestSettings | None = None) -> FastAPI:
         app.state.resources = WriteResources(pool=pool, embedder=embedder, settings=settings, redis=redis, relay=relay)
         app.state.celery = celery
         relaying = asyncio.create_task(relay.run()) if relay is not None else None
+        # memory:* events recorded by every write (migration 0017) go to the Redis stream.
+        publishing = asyncio.create_task(memory_events.MemoryEventRelay(
+            pool, memory_events.EventLog(redis, settings), settings,
+            poll=settings.outbox_poll_interval.total_seconds(), backoff_max=settings.outbox_backoff_max.total_seconds(),
+        ).run()) if redis is not None else None
         settle_heap()
         try:
             yield
         finally:
-            if relaying is not None:
-                relaying.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await relaying
+            for task in (relaying, publishing):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             if redis is not None:
                 await redis.aclose()
             await pool.close()
 
-    app = FastAPI(title="engram-ingest", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="engram-ingest", lifespan=lifespan, docs_url=None, redoc_url=None, telemetry=NATIVE_TELEMETRY_OFF)
     app.include_router(router)
     install_internal_api(app, "ingest", tool_handlers, lambda: settings.service_token)
     return app

@@ -1,10 +1,11 @@
 """Per-task observability, wired through Celery signals so tasks stay thin:
 
 - trace context (W3C traceparent) and the correlation id ride the task's headers
-  (shared.telemetry.inject_headers on the sender); task_prerun opens a CONSUMER span under
-  them, so one trace spans gateway -> ingest -> worker, and log lines carry the cid;
+  (Celery's OpenTelemetry instrumentation on both sides, shared/telemetry.py), so one trace
+  spans gateway -> ingest -> worker, and log lines carry the cid;
 - Prometheus: runs by outcome, failures, retries and duration per task name, served by the
-  worker's main process on WORKER_METRICS_PORT over every pool process's samples.
+  worker's main process on WORKER_METRICS_PORT over every pool process's samples, with the
+  Redis queues' depths read at scrape time (shared/metrics.py).
 """
 
 from __future__ import annotations
@@ -15,12 +16,11 @@ import time
 from typing import Any
 
 from celery.signals import task_failure, task_postrun, task_prerun, task_retry, worker_init, worker_process_shutdown
-from opentelemetry import context as otel_context
-from opentelemetry import trace
 from prometheus_client import CollectorRegistry, Counter, Histogram, multiprocess, start_http_server
 
+from shared.metrics import QueueDepthCollector
 from shared.settings import MaintenanceSettings
-from shared.telemetry import CORRELATION_HEADER, correlation_id, extract_context, new_correlation_id
+from shared.telemetry import CORRELATION_HEADER, correlation_id, flush_traces, new_correlation_id
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +31,6 @@ TASK_DURATION = Histogram(
     "engram_task_duration_seconds", "Celery task duration", ["task"],
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
 )
-
-_tracer = trace.get_tracer("engram.maintenance")
-
 
 def task_headers(request: Any) -> dict[str, str]:
     """Custom message headers of the running task (Celery keeps them on the request)."""
@@ -48,25 +45,20 @@ def task_headers(request: Any) -> dict[str, str]:
 
 @task_prerun.connect
 def _before(task_id: str, task: Any, **_: Any) -> None:
+    # The CONSUMER span is Celery's instrumentation's (shared/telemetry.py), under the
+    # traceparent the sender put in the headers; the correlation id rides beside it.
     headers = task_headers(task.request)
     correlation_id.set(headers.get(CORRELATION_HEADER) or new_correlation_id())
-    span = _tracer.start_span(task.name, context=extract_context(headers), kind=trace.SpanKind.CONSUMER)
-    span.set_attribute("celery.task_id", task_id)
-    token = otel_context.attach(trace.set_span_in_context(span))
-    task.request.engram_observed = (time.perf_counter(), span, token)
+    task.request.engram_observed = time.perf_counter()
 
 
 @task_postrun.connect
 def _after(task_id: str, task: Any, state: str | None = None, **_: Any) -> None:
-    observed = getattr(task.request, "engram_observed", None)
+    began = getattr(task.request, "engram_observed", None)
     TASK_RUNS.labels(task.name, state or "UNKNOWN").inc()
-    if observed is None:
+    if began is None:
         return
-    began, span, token = observed
     TASK_DURATION.labels(task.name).observe(time.perf_counter() - began)
-    span.set_attribute("celery.state", state or "UNKNOWN")
-    span.end()
-    otel_context.detach(token)
     task.request.engram_observed = None
 
 
@@ -82,12 +74,15 @@ def _retried(sender: Any = None, **_: Any) -> None:
 
 @worker_init.connect
 def _serve_metrics(**_: Any) -> None:
-    port = MaintenanceSettings().worker_metrics_port
+    settings = MaintenanceSettings()
+    port = settings.worker_metrics_port
     # prometheus_client's own switch (set by metrics_env for `celery worker`), not a setting.
     if not port or not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         return
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)
+    if settings.redis_active:
+        registry.register(QueueDepthCollector(settings.broker_url or settings.redis_url))
     try:
         start_http_server(port, addr="0.0.0.0", registry=registry)  # noqa: S104 - Prometheus scrapes the pod from outside
     except OSError:
@@ -98,5 +93,6 @@ def _serve_metrics(**_: Any) -> None:
 
 @worker_process_shutdown.connect
 def _process_gone(**_: Any) -> None:
+    flush_traces()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         multiprocess.mark_process_dead(os.getpid())

@@ -13,8 +13,9 @@ from celery.signals import worker_process_init, worker_process_shutdown
 from shared.db import create_pool
 from shared.embeddings import Embedder, load_embedder
 from shared.llm import LLMClient, load_llm
+from shared.memory_events import recording_settings
 from shared.settings import MaintenanceSettings
-from shared.telemetry import configure_logging, configure_tracing
+from shared.telemetry import configure_telemetry
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -28,7 +29,8 @@ class WorkerRuntime:
         self.settings = settings
         self.loop = asyncio.new_event_loop()
         self.pool: asyncpg.Pool = self.loop.run_until_complete(
-            create_pool(settings.database_url, min_size=1, max_size=4)
+            # memory:* events of what a cycle changes are recorded by migration 0017's triggers.
+            create_pool(settings.database_url, min_size=1, max_size=4, server_settings=recording_settings(settings))
         )
         self.llm: LLMClient = load_llm()
         self._embedder: Embedder | None = None
@@ -59,8 +61,7 @@ def runtime() -> WorkerRuntime:
 @worker_process_init.connect
 def _init_process(**_: Any) -> None:
     settings = MaintenanceSettings()
-    configure_logging(settings.log_level)
-    configure_tracing(settings.otel_service_name or "engram-maintenance", console=settings.otel_console)
+    configure_telemetry(settings, "engram-maintenance")
     _runtime["current"] = WorkerRuntime(settings)
 
 

@@ -13,7 +13,7 @@ import anyio
 from fastapi import FastAPI
 
 from services.common.heap import settle_heap
-from services.common.internal import install_internal_api
+from services.common.internal import NATIVE_TELEMETRY_OFF, install_internal_api
 from services.recall.api import router, tool_handlers
 from services.recall.effects import SideEffects
 from services.recall.service import ReadResources
@@ -23,13 +23,12 @@ from shared.domain.tokens import TokenCounter
 from shared.embeddings import load_embedder, model_dir
 from shared.redis_breaker import request_path_redis
 from shared.settings import RecallSettings
-from shared.telemetry import configure_logging, configure_tracing
+from shared.telemetry import configure_telemetry
 
 
 def create_app(settings: RecallSettings | None = None) -> FastAPI:
     settings = settings or RecallSettings()
-    configure_logging(settings.log_level)
-    configure_tracing(settings.otel_service_name or "engram-recall", console=settings.otel_console)
+    configure_telemetry(settings, "engram-recall")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -65,7 +64,7 @@ def create_app(settings: RecallSettings | None = None) -> FastAPI:
                 await redis.aclose()
             await pool.close()
 
-    app = FastAPI(title="engram-recall", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="engram-recall", lifespan=lifespan, docs_url=None, redoc_url=None, telemetry=NATIVE_TELEMETRY_OFF)
     app.include_router(router)
     install_internal_api(app, "recall", tool_handlers, lambda: settings.service_token)
     return app

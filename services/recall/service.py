@@ -30,6 +30,7 @@ from shared.domain.errors import InvalidParams
 from shared.domain.search import DEPTH_TYPES, FragmentFilter, RankedHit
 from shared.domain.tokens import TokenCounter
 from shared.embeddings import Embedder
+from shared.metrics import L1_LOOKUPS
 from shared.recall_cache import current_generation
 from shared.repositories import events as events_repo
 from shared.repositories import fragments as fragments_repo
@@ -37,6 +38,7 @@ from shared.repositories import recall_views, retrieval
 from shared.settings import RecallSettings
 
 logger = logging.getLogger(__name__)
+L1_LOOKUPS_HIT, L1_LOOKUPS_MISS = L1_LOOKUPS.labels("hit"), L1_LOOKUPS.labels("miss")
 
 # How long a scope's fragment count (BM25's N, the noisy-scope rule) is reused.
 SCOPE_TOTAL_TTL_S = 30.0
@@ -225,6 +227,7 @@ async def recall(res: ReadResources, ctx: ToolContext, arguments: dict[str, Any]
                 cache_key = None
             if cache_key:
                 body = await _cache_get(res, conn, cache_key, latest)
+                (L1_LOOKUPS_HIT if body is not None else L1_LOOKUPS_MISS).inc()
         activate: dict[str, float] = {}
         if body is None:
             body = await _search(res, conn, ctx, args, flt, seen_pages, explain, activate, latest)

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from shared.metrics import MeasuredEmbedder
 from shared.settings import EmbeddingSettings, embedding_settings
 
 logger = logging.getLogger(__name__)
@@ -248,6 +249,11 @@ def resolve_backend(backend: str, bf16: bool | None = None) -> str:
 
 
 def load_embedder(settings: EmbeddingSettings | None = None, *, latency: bool = False) -> Embedder:
+    """The backend's embedder, every run timed and its batch size counted (shared/metrics.py)."""
+    return MeasuredEmbedder(_load_embedder(settings, latency=latency))
+
+
+def _load_embedder(settings: EmbeddingSettings | None = None, *, latency: bool = False) -> Embedder:
     """`latency`: the caller embeds one short text a call and waits for it (recall's query):
     unless EMBEDDING_THREADS says otherwise, one call gets every core instead of one lane
     per core. At 100k, in process, interleaved: a query's embedding 5.9-6.3 -> 4.8-5.5 ms

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 import asyncpg
@@ -12,10 +13,10 @@ import mcp_types as types
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.shared.exceptions import MCPError
-from opentelemetry import trace
+from opentelemetry import context as otel_context
 from prometheus_client import Counter
 
-from services.common.internal import parse_arguments
+from services.common.internal import CORRELATION_SCOPE_KEY, TRACE_SCOPE_KEY, parse_arguments
 from services.common.rpc import InternalClient
 from services.gateway.core import unavailable
 from services.gateway.core.caller import has_permission
@@ -28,11 +29,11 @@ from shared.contract.base import check_storable
 from shared.contract.catalog import TOOLS, TOOLS_BY_NAME, ToolSpec
 from shared.domain.errors import INVALID_REQUEST, EngramError, PermissionDenied
 from shared.domain.principal import Principal
+from shared.metrics import OTHER, count_error, tool_timers
 from shared.repositories import topics as topics_repo
-from shared.telemetry import CORRELATION_HEADER, correlation_id, extract_context, new_correlation_id
+from shared.telemetry import correlation_id, new_correlation_id
 
 logger = logging.getLogger(__name__)
-_tracer = trace.get_tracer("engram.gateway")
 
 Ctx = ServerRequestContext[Any, Any]
 # JSON-RPC server error for a key past its daily_limit (the seed names no code for it).
@@ -41,6 +42,7 @@ DAILY_LIMIT_EXCEEDED = -32000
 RBAC_DENIED = Counter("mcp_rbac_denied_total", "Tool calls refused by RBAC", ["tool", "required"])
 MODE_DENIED = Counter("mcp_mode_denied_total", "Tool calls refused by the session's mode preset", ["tool", "mode"])
 MCP_TOOL_CALLS = Counter("mcp_tool_calls_total", "MCP tool calls", ["tool", "outcome"])
+_TOOL_SECONDS = tool_timers("gateway")
 
 
 def check_permission(principal: Principal, spec_name: str, required: str | None) -> None:
@@ -136,10 +138,27 @@ class McpHandler:
             on_list_resources=self.list_resources,
             on_read_resource=self.read_resource,
         )
+        # First, before the SDK's OpenTelemetry middleware: its span (`tools/call <name>`)
+        # then nests under this request's HTTP span instead of the session task's context.
+        server.middleware.insert(0, self.request_context)
         server.middleware.append(self.middleware)
         return server
 
     # -- around every message ------------------------------------------------------------
+    async def request_context(self, ctx: Ctx, call_next: CallNext) -> HandlerResult:
+        """The SDK dispatches messages in its session's task: the trace context and the
+        correlation id of the HTTP request that carried this one come from its scope."""
+        scope = _scope(ctx)
+        parent = scope.get(TRACE_SCOPE_KEY)
+        token = otel_context.attach(parent) if parent is not None else None
+        cid = correlation_id.set(scope.get(CORRELATION_SCOPE_KEY) or new_correlation_id())
+        try:
+            return await call_next(ctx)
+        finally:
+            correlation_id.reset(cid)
+            if token is not None:
+                otel_context.detach(token)
+
     async def middleware(self, ctx: Ctx, call_next: CallNext) -> HandlerResult:
         try:
             return await self._handle(ctx, call_next)
@@ -192,17 +211,11 @@ class McpHandler:
         return types.ListToolsResult(tools=[tool_listing(spec) for spec in shown])
 
     async def call_tool(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
-        # This call's trace context and correlation id come from its own headers.
-        request = ctx.request
-        headers = {k.lower(): v for k, v in request.headers.items()} if request is not None else {}
-        token = correlation_id.set(headers.get(CORRELATION_HEADER) or new_correlation_id())
+        started = time.perf_counter()
         try:
-            with _tracer.start_as_current_span(
-                f"tools/call {params.name}", context=extract_context(headers), kind=trace.SpanKind.SERVER
-            ):
-                return await self._call_tool(ctx, params)
+            return await self._call_tool(ctx, params)
         finally:
-            correlation_id.reset(token)
+            _TOOL_SECONDS.get(params.name, _TOOL_SECONDS[OTHER]).observe(time.perf_counter() - started)
 
     async def _call_tool(self, ctx: Ctx, params: types.CallToolRequestParams) -> types.CallToolResult:
         principal = _principal(ctx)
@@ -229,6 +242,7 @@ class McpHandler:
                 result, is_error = await self.upstreams.call(spec.service, spec.name, arguments, principal, wire_session)
         except EngramError as exc:
             MCP_TOOL_CALLS.labels(spec.name, "error").inc()
+            count_error("gateway", spec.name, exc)
             raise MCPError(code=exc.code, message=exc.message, data=exc.data) from None
         MCP_TOOL_CALLS.labels(spec.name, "tool_error" if is_error else "ok").inc()
         return _text_result(result, is_error)
