@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench lint validate-deploy eval clean browser-tools
+.PHONY: run test bench lint validate-deploy eval clean browser-tools prometheus-tools
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,7 +19,7 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/python -m services.stack run
 
-test: lint deploy-tools browser-tools test-clients
+test: lint deploy-tools browser-tools prometheus-tools test-clients
 	$(BIN)/python -m pytest -q tests
 
 # ruff (rules chosen in pyproject.toml) and mypy over services/ and shared/: zero findings.
@@ -34,6 +34,11 @@ deploy-tools:
 # Debian's chromium for tests/console (Playwright drives it; Playwright's own browser download is never used).
 browser-tools:
 	@command -v chromium >/dev/null 2>&1 || { (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || echo "chromium not installable; the console's browser tests will skip"; }
+
+# Debian's Prometheus and promtool: tests/ops/test_prometheus.py scrapes a running stack with
+# them and unit-tests the alert rules in deploy/prometheus/ (no daemon is started by the package here).
+prometheus-tools:
+	@command -v promtool >/dev/null 2>&1 || { (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null) || echo "prometheus not installable; its tests will skip"; }
 
 validate-deploy: $(STAMP) deploy-tools
 	$(BIN)/python -m pytest -q tests/deploy
