@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 
 from services.common.internal import ToolContext, database_health
 from services.recall import service, tools
+from services.recall.admin_views import TOOL_HANDLERS as ADMIN_VIEW_HANDLERS
 from services.recall.artifacts import TOOL_HANDLERS as ARTIFACT_TOOL_HANDLERS
 
 router = APIRouter()
@@ -30,6 +31,8 @@ tool_handlers = {
     "fragment_history": _handler(tools.fragment_history),
     "memory_stats": _handler(tools.memory_stats),
     "tool_feedback": _handler(tools.tool_feedback),
+    # The admin console's views (gateway admin routes, master key only; not MCP tools).
+    **ADMIN_VIEW_HANDLERS,
     # Served for the gateway's /api/memories/{id}/artifacts routes (reference 004).
     **ARTIFACT_TOOL_HANDLERS,
 }

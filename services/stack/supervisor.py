@@ -201,6 +201,8 @@ class Stack:
                 "HF_HUB_OFFLINE": "1",
                 "TRANSFORMERS_OFFLINE": "1",
                 "PYTHONUNBUFFERED": "1",
+                # The gateway's admin /logs routes read the services' files here.
+                "LOG_DIR": str(self.log_dir),
             }
         )
         env.update(self.config.extra_env)

@@ -52,8 +52,12 @@ class KeyCreate(_Body):
     symbolic_hard_gate: bool = False
 
 
-class KeyStatus(_Body):
-    status: Literal["active", "inactive"]
+class KeyUpdate(_Body):
+    """seed: PUT /keys/:id changes the status; the seed sets api_keys.default_mode from the
+    console without naming a route, so this route takes it too (null clears it)."""
+
+    status: Literal["active", "inactive"] | None = None
+    default_mode: Literal[MODES] | None = None  # type: ignore[valid-type]
 
 
 class DailyLimit(_Body):
@@ -130,8 +134,13 @@ async def _update(request: Request, key_id: str, **fields: Any) -> dict[str, Any
 
 
 @router.put("/keys/{key_id}")
-async def set_status(key_id: str, body: KeyStatus, request: Request) -> dict[str, Any]:
-    return {"success": True, **(await _update(request, key_id, status=body.status))}
+async def set_status(key_id: str, body: KeyUpdate, request: Request) -> dict[str, Any]:
+    fields = body.model_dump(include={"status", "default_mode"} & body.model_fields_set)
+    if fields.get("status", "") is None:
+        raise HTTPException(status_code=422, detail="status must be active or inactive")
+    if not fields:
+        raise HTTPException(status_code=422, detail="give status and/or default_mode")
+    return {"success": True, **(await _update(request, key_id, **fields))}
 
 
 @router.put("/keys/{key_id}/daily-limit")
