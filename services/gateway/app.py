@@ -31,11 +31,14 @@ from services.gateway.core.limits import RateLimiter
 from services.gateway.core.state import STATE_ATTRIBUTE, GatewayState, state_of
 from services.gateway.core.usage import DailyCalls
 from services.gateway.mcp import rotation
+from services.gateway.memory_api import events as memory_events_api
 from services.gateway.mcp.modes import MODES
 from services.gateway.mcp.server import McpHandler
 from services.gateway.mcp.transports import Transports
 from services.gateway.mnemory_api import artifacts as mnemory_artifacts
+from services.gateway.mnemory_api import install as install_mnemory_api
 from services.gateway.oauth.service import OAuthService, install_oauth
+from services.gateway.remember_profile import install as install_remember_profile
 from services.gateway.sessions import (
     FallbackSessionStore,
     MemorySessionStore,
@@ -133,7 +136,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         setattr(app.state, STATE_ATTRIBUTE, state)
         settle_heap()
         try:
-            async with state.mcp.streamable.run(), state.sessions.running():
+            async with state.mcp.streamable.run(), state.sessions.running(), memory_events_api.running(app, settings):
                 yield
         finally:
             await state.mcp.aclose()
@@ -158,10 +161,13 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.include_router(admin_keys.router)
     app.include_router(admin_maintenance_router)
     app.include_router(admin_io.router)
+    app.include_router(memory_events_api.router)
     for admin_views in (admin_stats, admin_memory, admin_sessions, admin_logs):
         app.include_router(admin_views.router)
     app.include_router(admin_console.router)
     app.include_router(mnemory_artifacts.router)
+    install_mnemory_api(app, VERSION)
+    install_remember_profile(app, VERSION)
     install_oauth(app)
     openapi.install(app)
     # Inside the observability middleware, so refusals (413, 429) are counted too.

@@ -14,9 +14,12 @@ from services.ingest import forget as forget_tool
 from services.ingest import link as link_tool
 from services.ingest import reflect as reflect_tool
 from services.ingest import remember as remember_tool
+from services.ingest import remember_profile as remember_profile_tool
 from services.ingest import transfer as transfer_tool
 from services.ingest.admin_tools import TOOL_HANDLERS as ADMIN_TOOL_HANDLERS
+from services.ingest.memory_handlers import MEMORY_TOOL_HANDLERS
 from services.ingest.artifacts import TOOL_HANDLERS as ARTIFACT_TOOL_HANDLERS
+from services.ingest.mnemory_api import TOOL_HANDLERS as MNEMORY_TOOL_HANDLERS
 from services.ingest.service import WriteResources, after_commit, invalidate_recall_cache
 from shared.jobs import JobBuffer
 
@@ -62,6 +65,8 @@ def _plain(tool: PlainTool, writes: bool = False) -> Handler:
 
 tool_handlers = {
     "remember": _with_jobs(remember_tool.remember),
+    # The remember profile's write (reference 003; services/gateway/remember_profile/).
+    "profile_remember": _with_jobs(remember_profile_tool.remember),
     "batch_remember": _with_jobs(batch_tool.batch_remember),
     "batch_status": _plain(batch_tool.batch_status),
     "forget": _plain(forget_tool.forget, writes=True),
@@ -73,4 +78,6 @@ tool_handlers = {
     **ADMIN_TOOL_HANDLERS,
     # Served for the gateway's /api/memories/{id}/artifacts routes (reference 004).
     **ARTIFACT_TOOL_HANDLERS,
+    # The mnemory REST surface's writes (reference 004; services/gateway/mnemory_api/).
+    **MNEMORY_TOOL_HANDLERS,
 }

@@ -37,7 +37,7 @@ def beat_schedule(s: MaintenanceSettings) -> dict[str, dict]:
 
 app = Celery(
     "engram", broker=settings.broker_url or settings.redis_url,
-    include=["services.maintenance.tasks", "services.maintenance.batch_worker"],
+    include=["services.maintenance.tasks", "services.maintenance.batch_worker", "services.maintenance.mnemory_tasks"],
 )
 app.conf.update(
     task_default_queue=QUEUE_MAINTENANCE,

@@ -10,6 +10,8 @@ from services.common.internal import ToolContext, database_health
 from services.recall import service, tools
 from services.recall.admin_views import TOOL_HANDLERS as ADMIN_VIEW_HANDLERS
 from services.recall.artifacts import TOOL_HANDLERS as ARTIFACT_TOOL_HANDLERS
+from services.recall.memory_api import TOOL_HANDLERS as MEMORY_TOOL_HANDLERS
+from services.recall.mnemory_api import TOOL_HANDLERS as MNEMORY_TOOL_HANDLERS
 
 router = APIRouter()
 router.add_api_route("/health", database_health("recall"), methods=["GET"])
@@ -31,6 +33,10 @@ tool_handlers = {
     "fragment_history": _handler(tools.fragment_history),
     "memory_stats": _handler(tools.memory_stats),
     "tool_feedback": _handler(tools.tool_feedback),
+    # The memory REST API's reads (reference 001; services/gateway/memory_api/).
+    **MEMORY_TOOL_HANDLERS,
+    # The mnemory REST surface's reads (reference 004; services/gateway/mnemory_api/).
+    **MNEMORY_TOOL_HANDLERS,
     # The admin console's views (gateway admin routes, master key only; not MCP tools).
     **ADMIN_VIEW_HANDLERS,
     # Served for the gateway's /api/memories/{id}/artifacts routes (reference 004).

@@ -1,0 +1,145 @@
+"""Reference 004's memory model (mnemory) on Engram's fragment: the mapping both ways, and the
+validation rules the reference gives its fields. README "The mnemory REST API (reference 004)"."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any
+
+# reference 004 (mnemory categories.py): the predefined categories; `<prefix>:<name>` for any
+# predefined prefix (project:myapp) is a dynamic subcategory.
+PREDEFINED_CATEGORIES: dict[str, str] = {
+    "personal": "Personal life, family, relationships, life events",
+    "preferences": "Likes, dislikes, style, communication preferences",
+    "health": "Physical, mental, medical, fitness, diet",
+    "work": "Job, career, professional, colleagues",
+    "technical": "Tools, languages, infrastructure, patterns, debugging",
+    "finance": "Money, investments, billing, expenses",
+    "home": "House, apartment, appliances, maintenance, repairs",
+    "vehicles": "Cars, bikes, maintenance history, insurance",
+    "travel": "Trips, places, itineraries, transportation",
+    "entertainment": "Movies, music, books, games, hobbies",
+    "goals": "Objectives, plans, ambitions, deadlines",
+    "decisions": "Conclusions, choices made, reasoning, trade-offs",
+    "project": "Project-specific memories (use project:<name> format)",
+}
+MEMORY_TYPES = ("preference", "fact", "episodic", "procedural", "context")
+IMPORTANCE_LEVELS = ("low", "normal", "high", "critical")
+ROLES = ("user", "assistant")
+LAYERS = ("raw", "consolidated")
+
+# memory_type -> fragment type. `context` has no fragment type: it is stored as a fact and
+# named in mnemory_memories.memory_type.
+FRAGMENT_TYPE = {"preference": "preference", "fact": "fact", "episodic": "episode", "procedural": "procedure", "context": "fact"}
+# fragment type -> memory_type (decision, error and relation read as facts).
+MEMORY_TYPE = {"preference": "preference", "procedure": "procedural", "episode": "episodic"}
+# importance level -> the fragment's number, and back by the thresholds between them.
+IMPORTANCE_VALUE = {"low": 0.2, "normal": 0.5, "high": 0.75, "critical": 0.95}
+_IMPORTANCE_FLOORS = ((0.9, "critical"), (0.7, "high"), (0.35, "normal"))
+# Fragments without a category carry this topic.
+DEFAULT_TOPIC = "general"
+# A category's name part: what mnemory's validate_category_name admits (no prompt text).
+_CATEGORY_NAME = re.compile(r"^[a-z0-9][a-z0-9._/\-]{0,99}$")
+# Labels: keys and values a client may set (reference: "key-value metadata, stored as-is").
+MAX_LABELS = 20
+MAX_LABEL_KEY = 64
+MAX_LABEL_VALUE = 500
+
+
+class ModelError(ValueError):
+    """A field outside the reference's model: HTTP 422 with this message."""
+
+
+def memory_type_of(fragment_type: str, stored: str | None) -> str:
+    return stored or MEMORY_TYPE.get(fragment_type, "fact")
+
+
+def importance_of(value: float) -> str:
+    for floor, level in _IMPORTANCE_FLOORS:
+        if value >= floor:
+            return level
+    return "low"
+
+
+def validate_memory_type(value: str) -> str:
+    value = value.strip().lower()
+    if value not in MEMORY_TYPES:
+        raise ModelError(f"Unknown memory_type '{value}'. Valid types: {', '.join(MEMORY_TYPES)}")
+    return value
+
+
+def validate_importance(value: str) -> str:
+    value = value.strip().lower()
+    if value not in IMPORTANCE_LEVELS:
+        raise ModelError(f"Unknown importance '{value}'. Valid levels: {', '.join(IMPORTANCE_LEVELS)}")
+    return value
+
+
+def validate_categories(categories: list[str]) -> list[str]:
+    out: list[str] = []
+    for raw in categories:
+        category = raw.strip().lower()
+        if not category:
+            continue
+        prefix, sep, name = category.partition(":")
+        if prefix not in PREDEFINED_CATEGORIES:
+            valid = ", ".join(sorted(PREDEFINED_CATEGORIES))
+            raise ModelError(f"Unknown category '{category}'. Valid categories: {valid}")
+        if sep and not _CATEGORY_NAME.match(name):
+            raise ModelError(f"Invalid category name in '{category}'")
+        if category not in out:
+            out.append(category)
+    return out
+
+
+def validate_labels(labels: dict[str, Any] | None) -> dict[str, Any]:
+    if not labels:
+        return {}
+    if len(labels) > MAX_LABELS:
+        raise ModelError(f"At most {MAX_LABELS} labels")
+    for key, value in labels.items():
+        if not key or len(key) > MAX_LABEL_KEY:
+            raise ModelError(f"Label keys are 1-{MAX_LABEL_KEY} characters")
+        if not isinstance(value, (str, int, float, bool)) or (isinstance(value, str) and len(value) > MAX_LABEL_VALUE):
+            raise ModelError(f"Label '{key}': a string (at most {MAX_LABEL_VALUE} characters), number or boolean")
+    return dict(labels)
+
+
+def topic_for(categories: list[str]) -> str:
+    return categories[0] if categories else DEFAULT_TOPIC
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def memory_item(row: Any, score: float | None = None) -> dict[str, Any]:
+    """A fragment row (shared.repositories.mnemory_memories.MEMORY_COLUMNS) as reference 004's
+    MemoryItem: {id, memory, score, metadata, has_artifacts}."""
+    metadata: dict[str, Any] = {
+        "memory_type": memory_type_of(row["type"], row["memory_type"]),
+        "categories": list(row["categories"] or []),
+        "importance": importance_of(float(row["importance"])),
+        "pinned": bool(row["is_anchor"]),
+        "role": row["role"] or "user",
+        "memory_layer": row["memory_layer"] or "consolidated",
+        "created_at_utc": _iso(row["created_at"]),
+        "updated_at": _iso(row["updated_at"]),
+    }
+    if row["labels"]:
+        metadata["labels"] = row["labels"] if isinstance(row["labels"], dict) else dict(row["labels"])
+    if row["event_date"] is not None:
+        metadata["event_date"] = _iso(row["event_date"])
+    if row["expires_at"] is not None:
+        metadata["expires_at"] = _iso(row["expires_at"])
+    if row["agent_id"] and row["agent_id"] != "default":
+        metadata["agent_id"] = row["agent_id"]
+    artifacts = row["artifact_count"] if "artifact_count" in row.keys() else 0  # noqa: SIM118 - asyncpg Record
+    return {
+        "id": row["id"],
+        "memory": row["content"],
+        "score": round(score, 4) if score is not None else None,
+        "metadata": metadata,
+        "has_artifacts": bool(artifacts),
+    }
