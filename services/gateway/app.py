@@ -39,6 +39,7 @@ from services.gateway.mnemory_api import artifacts as mnemory_artifacts
 from services.gateway.mnemory_api import install as install_mnemory_api
 from services.gateway.oauth.service import OAuthService, install_oauth
 from services.gateway.remember_profile import install as install_remember_profile
+from services.gateway.remember_profile import install as install_remember_profile
 from services.gateway.sessions import (
     FallbackSessionStore,
     MemorySessionStore,
@@ -166,6 +167,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         app.include_router(admin_views.router)
     app.include_router(admin_console.router)
     app.include_router(mnemory_artifacts.router)
+    install_remember_profile(app, VERSION)
     install_mnemory_api(app, VERSION)
     install_remember_profile(app, VERSION)
     install_oauth(app)

@@ -6,6 +6,7 @@ never see each other's artifacts."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import socket
 import subprocess
@@ -148,7 +149,8 @@ async def test_download_tokens_are_signed_expiring_and_bound_to_one_artifact_and
         # Tampered: one character of the signature changed.
         head, payload, signature = grant["token"].split(".")
         flipped = signature[:-2] + ("A" if signature[-2] != "A" else "B") + signature[-1]
-        assert (await anonymous.get(f"/api/memories/{memory_a}/artifacts/{first}/raw", params={"token": f"{head}.{payload}.{flipped}"})).status_code == 401
+        tampered = await anonymous.get(f"/api/memories/{memory_a}/artifacts/{first}/raw", params={"token": f"{head}.{payload}.{flipped}"})
+        assert tampered.status_code == 401
         # Tampered: the claims rewritten (another artifact) under the old signature.
         claims = jwt.decode(grant["token"], options={"verify_signature": False})
         forged = jwt.encode({**claims, "aid": second}, "not-the-secret-but-long-enough-for-hs256", algorithm="HS256")
@@ -289,7 +291,8 @@ async def test_s3_compatible_store_holds_the_bytes_and_forget_removes_them(s3_st
         s3 = _s3(moto_s3)
         stored = s3.get_object(Bucket="engram-artifacts", Key=storage_key)
         assert stored["Body"].read() == PNG and stored["ContentType"] == "image/png"
-        assert not (Path(s3_stack.config.extra_env["ARTIFACTS_DIR"])).exists()
+        disk_dir = Path(s3_stack.config.extra_env["ARTIFACTS_DIR"])
+        assert not await asyncio.to_thread(disk_dir.exists)
 
         token = (await api.post(f"/api/memories/{memory}/artifacts/{aid}/download-token")).json()["url"]
         async with _api(s3_stack) as anonymous:
