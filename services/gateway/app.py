@@ -20,6 +20,7 @@ from services.gateway.admin import io as admin_io
 from services.gateway.admin import keys as admin_keys
 from services.gateway.admin import logs as admin_logs
 from services.gateway.admin import memory as admin_memory
+from services.gateway.admin import operations as admin_operations
 from services.gateway.admin import sessions as admin_sessions
 from services.gateway.admin import stats as admin_stats
 from services.gateway.admin.maintenance import router as admin_maintenance_router
@@ -32,13 +33,13 @@ from services.gateway.core.state import STATE_ATTRIBUTE, GatewayState, state_of
 from services.gateway.core.usage import DailyCalls
 from services.gateway.mcp import rotation
 from services.gateway.memory_api import events as memory_events_api
+from services.gateway.memory_api import routes as memory_api_routes
 from services.gateway.mcp.modes import MODES
 from services.gateway.mcp.server import McpHandler
 from services.gateway.mcp.transports import Transports
 from services.gateway.mnemory_api import artifacts as mnemory_artifacts
 from services.gateway.mnemory_api import install as install_mnemory_api
 from services.gateway.oauth.service import OAuthService, install_oauth
-from services.gateway.remember_profile import install as install_remember_profile
 from services.gateway.remember_profile import install as install_remember_profile
 from services.gateway.sessions import (
     FallbackSessionStore,
@@ -137,7 +138,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         setattr(app.state, STATE_ATTRIBUTE, state)
         settle_heap()
         try:
-            async with state.mcp.streamable.run(), state.sessions.running(), memory_events_api.running(app, settings):
+            async with state.mcp.running(), state.sessions.running(), memory_events_api.running(app, settings):
                 yield
         finally:
             await state.mcp.aclose()
@@ -163,11 +164,11 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.include_router(admin_maintenance_router)
     app.include_router(admin_io.router)
     app.include_router(memory_events_api.router)
-    for admin_views in (admin_stats, admin_memory, admin_sessions, admin_logs):
+    app.include_router(memory_api_routes.router)  # reference 001's memory REST API
+    for admin_views in (admin_stats, admin_memory, admin_sessions, admin_logs, admin_operations):
         app.include_router(admin_views.router)
     app.include_router(admin_console.router)
     app.include_router(mnemory_artifacts.router)
-    install_remember_profile(app, VERSION)
     install_mnemory_api(app, VERSION)
     install_remember_profile(app, VERSION)
     install_oauth(app)

@@ -66,8 +66,12 @@ def document(app: FastAPI, principal: Principal) -> dict[str, Any]:
          "arguments": {"$ref": f"#/components/schemas/{t.name}_arguments"}}
         for t in tools
     ]
-    spec["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
-    spec["security"] = [{"bearer": []}]
+    spec["components"]["securitySchemes"] = {
+        "bearer": {"type": "http", "scheme": "bearer"},
+        # The /api/ REST surfaces (references 001, 004) take the key in X-API-Key too.
+        "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+    }
+    spec["security"] = [{"bearer": []}, {"apiKey": []}]
     return spec
 
 

@@ -15,7 +15,6 @@ from services.ingest import link as link_tool
 from services.ingest import reflect as reflect_tool
 from services.ingest import remember as remember_tool
 from services.ingest import remember_profile as remember_profile_tool
-from services.ingest import remember_profile as remember_profile_tool
 from services.ingest import transfer as transfer_tool
 from services.ingest.admin_tools import TOOL_HANDLERS as ADMIN_TOOL_HANDLERS
 from services.ingest.memory_handlers import MEMORY_TOOL_HANDLERS
@@ -66,8 +65,6 @@ def _plain(tool: PlainTool, writes: bool = False) -> Handler:
 
 tool_handlers = {
     "remember": _with_jobs(remember_tool.remember),
-    # The remember profile's write (reference 003; services/gateway/remember_profile/).
-    "profile_remember": _with_jobs(remember_profile_tool.remember),
     # The remember profile's write (reference 003; services/gateway/remember_profile/).
     "profile_remember": _with_jobs(remember_profile_tool.remember),
     "batch_remember": _with_jobs(batch_tool.batch_remember),

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from services.common.heap import settle_heap
 from services.common.internal import NATIVE_TELEMETRY_OFF, install_internal_api
 from services.ingest.api import router, tool_handlers
+from services.ingest.memory_import import router as memory_import_router
 from services.ingest.service import INLINE_JOBS, WriteResources
 from shared import memory_events
 from shared.db import create_pool
@@ -72,5 +73,6 @@ def create_app(settings: IngestSettings | None = None) -> FastAPI:
 
     app = FastAPI(title="engram-ingest", lifespan=lifespan, docs_url=None, redoc_url=None, telemetry=NATIVE_TELEMETRY_OFF)
     app.include_router(router)
+    app.include_router(memory_import_router)  # reference 001's streamed POST /memory/import
     install_internal_api(app, "ingest", tool_handlers, lambda: settings.service_token)
     return app

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from services.common.heap import settle_heap
 from services.common.internal import NATIVE_TELEMETRY_OFF, install_internal_api
 from services.recall.api import router, tool_handlers
+from services.recall.memory_api import router as memory_export_router
 from services.recall.effects import SideEffects
 from services.recall.service import ReadResources
 from shared.db import create_pool
@@ -66,5 +67,6 @@ def create_app(settings: RecallSettings | None = None) -> FastAPI:
 
     app = FastAPI(title="engram-recall", lifespan=lifespan, docs_url=None, redoc_url=None, telemetry=NATIVE_TELEMETRY_OFF)
     app.include_router(router)
+    app.include_router(memory_export_router)  # reference 001's streamed GET /memory/export
     install_internal_api(app, "recall", tool_handlers, lambda: settings.service_token)
     return app

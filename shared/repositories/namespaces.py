@@ -33,7 +33,9 @@ async def list_namespaces(conn: asyncpg.Connection, scope: TenantScope) -> list[
     return await conn.fetch(sql, *params.values)
 
 
-async def get_namespace(conn: asyncpg.Connection, scope: TenantScope, namespace_id: uuid.UUID, *, lock: bool = False) -> asyncpg.Record | None:
+async def get_namespace(
+    conn: asyncpg.Connection, scope: TenantScope, namespace_id: uuid.UUID, *, lock: bool = False
+) -> asyncpg.Record | None:
     params = SqlParams()
     where = f"n.id = {params.add(namespace_id)} AND {scope_clause(scope, params, 'n')}"
     suffix = " FOR UPDATE" if lock else ""

@@ -81,4 +81,7 @@ def body_limit_for(path: str, default: int) -> int:
     # seed: the admin import path takes up to 50 MiB; everything else the default (1 MiB).
     if path == "/v1/internal/model/nothing/import":
         return 50 * 1024 * 1024
+    # reference 001: POST /memory/import alone is raised to MEMORY_IMPORT_BODY_LIMIT_BYTES.
+    if path == "/api/v1/memory/import":
+        return 50 * 1024 * 1024
     return default
