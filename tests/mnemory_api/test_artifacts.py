@@ -301,3 +301,17 @@ async def test_s3_compatible_store_holds_the_bytes_and_forget_removes_them(s3_st
             assert (await call(s, "forget", {"id": memory}))["deleted"] == 1
     listed = s3.list_objects_v2(Bucket="engram-artifacts", Prefix=f"{key_id}/")
     assert listed.get("KeyCount", 0) == 0
+
+
+async def test_the_rest_delete_of_a_memory_removes_its_artifacts_too(stack: Stack) -> None:
+    key, _ = await create_api_key(stack.database_url)
+    memory = await _memory(stack, key)
+    async with _api(stack, key) as api:
+        aid = (await api.post(f"/api/memories/{memory}/artifacts", json={"content": "goes with its memory"})).json()["id"]
+        path = _on_disk((await _storage_key(stack, aid) or ("", ""))[1])
+        assert await asyncio.to_thread(path.is_file)
+        deleted = await api.delete(f"/api/memories/{memory}")
+        assert deleted.status_code == 200, deleted.text
+        assert (await api.get(f"/api/memories/{memory}/artifacts/{aid}")).status_code == 404
+    assert await _storage_key(stack, aid) is None
+    assert not await asyncio.to_thread(path.exists)
