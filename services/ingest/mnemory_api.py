@@ -169,7 +169,7 @@ async def update(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, argumen
             conn, args.memory_id, memory_type=kept_type,
             categories=categories if categories is not None else list(row["categories"] or []),
             role=row["role"] or "user", memory_layer=row["memory_layer"] or "consolidated",
-            labels=(args.labels or {}) if labels is not None else dict(row["labels"] or {}),
+            labels=(args.labels or {}) if labels is not None else model.stored_labels(row["labels"]),
             event_date=event_date, expires_at=expires_at, session_id=row["session_id"], replace=True,
         )
         if args.agent_id is not None:

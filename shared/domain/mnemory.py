@@ -3,6 +3,7 @@ validation rules the reference gives its fields. README "The mnemory REST API (r
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime
 from typing import Any
@@ -106,6 +107,13 @@ def validate_labels(labels: dict[str, Any] | None) -> dict[str, Any]:
     return dict(labels)
 
 
+def stored_labels(value: Any) -> dict[str, Any]:
+    """A labels column as read back (asyncpg hands jsonb over as text)."""
+    if not value:
+        return {}
+    return dict(json.loads(value)) if isinstance(value, str) else dict(value)
+
+
 def topic_for(categories: list[str]) -> str:
     return categories[0] if categories else DEFAULT_TOPIC
 
@@ -127,8 +135,9 @@ def memory_item(row: Any, score: float | None = None) -> dict[str, Any]:
         "created_at_utc": _iso(row["created_at"]),
         "updated_at": _iso(row["updated_at"]),
     }
-    if row["labels"]:
-        metadata["labels"] = row["labels"] if isinstance(row["labels"], dict) else dict(row["labels"])
+    labels = stored_labels(row["labels"])
+    if labels:
+        metadata["labels"] = dict(labels)
     if row["event_date"] is not None:
         metadata["event_date"] = _iso(row["event_date"])
     if row["expires_at"] is not None:
