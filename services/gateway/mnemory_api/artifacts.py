@@ -16,20 +16,24 @@ and answers {id, filename, content_type, size, created_at}."""
 from __future__ import annotations
 
 import base64
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Query, Request
+from fastapi import APIRouter, Body, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
-from services.gateway.core.caller import caller, has_permission
 from services.gateway.core.state import gateway_state
+from services.gateway.mnemory_api.auth import MnemoryCaller, reader, writer
 from shared.artifacts import content as artifact_content
 from shared.artifacts import tokens
 from shared.domain.errors import EngramError
 from shared.domain.principal import Principal
 
 router = APIRouter(prefix="/api/memories", tags=["artifacts"])
+# The surface's own callers (mnemory_api/auth.py): an API key (Bearer / X-API-Key) or an ES256
+# JWT; 401 without one, 403 without the permission.
+Reader = Annotated[MnemoryCaller, Depends(reader)]
+Writer = Annotated[MnemoryCaller, Depends(writer)]
 
 
 class SaveArtifactRequest(BaseModel):
@@ -74,15 +78,6 @@ def _detail(status: int, detail: str, headers: dict[str, str] | None = None) -> 
     return JSONResponse({"detail": detail}, status_code=status, headers=headers)
 
 
-def _authorized(request: Request, permission: str) -> Principal | JSONResponse:
-    principal = caller(request)
-    if principal is None:
-        return _detail(401, "Unauthorized", {"WWW-Authenticate": "Bearer"})
-    if not has_permission(principal, permission):
-        return _detail(403, f"Forbidden: requires '{permission}' permission")
-    return principal
-
-
 async def _call(
     service: str, tool: str, arguments: dict[str, Any], principal: Principal, request: Request,
 ) -> dict[str, Any] | JSONResponse:
@@ -97,10 +92,8 @@ async def _call(
 
 
 @router.post("/{memory_id}/artifacts", response_model=ArtifactMetadata, summary="Save artifact")
-async def save_artifact(memory_id: str, body: SaveArtifactRequest, request: Request) -> Any:
-    principal = _authorized(request, "write")
-    if isinstance(principal, JSONResponse):
-        return principal
+async def save_artifact(memory_id: str, body: SaveArtifactRequest, request: Request, who: Writer) -> Any:
+    principal = who.principal
     limit = gateway_state(request).settings.artifact_max_bytes
     # Early 413 from the encoded length (ingest checks the decoded bytes exactly).
     if artifact_content.decoded_size_bound(body.content, body.content_type) > limit + 2:
@@ -109,23 +102,19 @@ async def save_artifact(memory_id: str, body: SaveArtifactRequest, request: Requ
 
 
 @router.get("/{memory_id}/artifacts", response_model=list[ArtifactMetadata], summary="List artifacts")
-async def list_artifacts(memory_id: str, request: Request) -> Any:
-    principal = _authorized(request, "read")
-    if isinstance(principal, JSONResponse):
-        return principal
+async def list_artifacts(memory_id: str, request: Request, who: Reader) -> Any:
+    principal = who.principal
     result = await _call("recall", "artifact_list", {"memory_id": memory_id}, principal, request)
     return result if isinstance(result, JSONResponse) else result["artifacts"]
 
 
 @router.get("/{memory_id}/artifacts/{artifact_id}", response_model=ArtifactContent, summary="Get artifact")
 async def get_artifact(
-    memory_id: str, artifact_id: str, request: Request,
+    memory_id: str, artifact_id: str, request: Request, who: Reader,
     offset: int = Query(0, ge=0, description="Character offset (text artifacts)"),
     limit: int = Query(artifact_content.DEFAULT_READ_LIMIT, ge=1, description="Max characters to return (text artifacts)"),
 ) -> Any:
-    principal = _authorized(request, "read")
-    if isinstance(principal, JSONResponse):
-        return principal
+    principal = who.principal
     arguments = {"memory_id": memory_id, "artifact_id": artifact_id, "offset": offset, "limit": limit}
     return await _call("recall", "artifact_read", arguments, principal, request)
 
@@ -135,11 +124,9 @@ async def get_artifact(
     summary="Generate a signed download token",
 )
 async def create_download_token(
-    memory_id: str, artifact_id: str, request: Request, body: DownloadTokenRequest | None = Body(None),  # noqa: B008
+    memory_id: str, artifact_id: str, request: Request, who: Reader, body: DownloadTokenRequest | None = Body(None),  # noqa: B008
 ) -> Any:
-    principal = _authorized(request, "read")
-    if isinstance(principal, JSONResponse):
-        return principal
+    principal = who.principal
     arguments = {"memory_id": memory_id, "artifact_id": artifact_id, "meta_only": True}
     meta = await _call("recall", "artifact_read", arguments, principal, request)
     if isinstance(meta, JSONResponse):
@@ -159,10 +146,9 @@ async def get_artifact_raw(
     memory_id: str, artifact_id: str, request: Request,
     token: str | None = Query(None, description="A download token from the download-token endpoint"),
 ) -> Any:
-    if token is not None:
-        principal = await _token_principal(request, token, memory_id, artifact_id)
-    else:
-        principal = _authorized(request, "read")
+    principal = (
+        await _token_principal(request, token, memory_id, artifact_id) if token is not None else (await reader(request)).principal
+    )
     if isinstance(principal, JSONResponse):
         return principal
     arguments = {"memory_id": memory_id, "artifact_id": artifact_id, "raw": True}
@@ -198,8 +184,6 @@ async def _token_principal(request: Request, token: str, memory_id: str, artifac
 
 
 @router.delete("/{memory_id}/artifacts/{artifact_id}", summary="Delete artifact")
-async def delete_artifact(memory_id: str, artifact_id: str, request: Request) -> Any:
-    principal = _authorized(request, "write")
-    if isinstance(principal, JSONResponse):
-        return principal
-    return await _call("ingest", "artifact_delete", {"memory_id": memory_id, "artifact_id": artifact_id}, principal, request)
+async def delete_artifact(memory_id: str, artifact_id: str, request: Request, who: Writer) -> Any:
+    arguments = {"memory_id": memory_id, "artifact_id": artifact_id}
+    return await _call("ingest", "artifact_delete", arguments, who.principal, request)
