@@ -14,6 +14,7 @@ import secrets
 from typing import Any
 
 import anyio
+import asyncpg
 from fastapi import Request
 from pydantic import Field
 
@@ -103,6 +104,8 @@ async def save(request: Request, ctx: ToolContext, arguments: dict[str, Any]) ->
     if row is None:
         await _delete_object(storage.backend, key, res)
         return refusal(404, MEMORY_NOT_FOUND)
+    # Objects of memories deleted by any path (a key's removal cascades too) go here as well.
+    await purge_after_forget(res)
     result = row.metadata()
     if redacted:
         result["secrets_redacted"] = redacted
@@ -149,14 +152,15 @@ async def purge(res: WriteResources) -> int:
 
 
 async def purge_after_forget(res: WriteResources) -> None:
-    """The forget path's purge: the forget has committed and is reported whatever happens here."""
+    """The purge after a committed write (forget, an artifact save): the write is reported
+    whatever happens here."""
     try:
         purged = await purge(res)
-    except OSError:
-        logger.warning("artifact purge after forget failed; the objects stay queued", exc_info=True)
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        logger.warning("artifact purge failed; the objects stay queued", exc_info=True)
         return
     if purged:
-        logger.info("purged %d artifact object(s) after forget", purged)
+        logger.info("purged %d artifact object(s)", purged)
 
 
 async def _delete_object(backend: str, key: str, res: WriteResources) -> None:

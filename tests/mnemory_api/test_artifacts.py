@@ -315,3 +315,22 @@ async def test_the_rest_delete_of_a_memory_removes_its_artifacts_too(stack: Stac
         assert (await api.get(f"/api/memories/{memory}/artifacts/{aid}")).status_code == 404
     assert await _storage_key(stack, aid) is None
     assert not await asyncio.to_thread(path.exists)
+
+
+async def test_objects_of_memories_deleted_by_other_paths_are_purged_by_the_next_write(stack: Stack) -> None:
+    key, _ = await create_api_key(stack.database_url)
+    gone, kept = await _memory(stack, key), await _memory(stack, key)
+    async with _api(stack, key) as api:
+        aid = (await api.post(f"/api/memories/{gone}/artifacts", json={"content": "orphaned by a cascade"})).json()["id"]
+        path = _on_disk((await _storage_key(stack, aid) or ("", ""))[1])
+        # Another deletion path (a maintenance merge, a deleted key): the row cascades away and
+        # the trigger queues its object; the next artifact write purges the queue.
+        conn = await asyncpg.connect(stack.database_url, server_settings={"search_path": SEARCH_PATH})
+        try:
+            await conn.execute("DELETE FROM fragments WHERE id = $1", gone)
+            assert await conn.fetchval("SELECT count(*) FROM artifact_purge_queue WHERE storage_key LIKE $1", f"%/{aid}") == 1
+        finally:
+            await conn.close()
+        assert await asyncio.to_thread(path.is_file)
+        assert (await api.post(f"/api/memories/{kept}/artifacts", json={"content": "a later write"})).status_code == 200
+    assert not await asyncio.to_thread(path.exists)
