@@ -80,4 +80,6 @@ tool_handlers = {
     **ARTIFACT_TOOL_HANDLERS,
     # The mnemory REST surface's writes (reference 004; services/gateway/mnemory_api/).
     **MNEMORY_TOOL_HANDLERS,
+    # The memory REST API of reference 001 (services/gateway/memory_api/).
+    **MEMORY_TOOL_HANDLERS,
 }

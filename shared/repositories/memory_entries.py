@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 import asyncpg
+from pgvector import Vector
 
 from shared.domain.fragment import NewFragment
 from shared.domain.principal import SqlParams, TenantScope, scope_clause
@@ -51,6 +52,10 @@ CROSS JOIN LATERAL (SELECT ARRAY(SELECT jsonb_array_elements_text(r.keywords_jso
 """
 
 
+def _vector(value: Any) -> Vector | None:
+    return value if value is None or isinstance(value, Vector) else Vector(value)
+
+
 def metadata_of(value: Any) -> dict[str, Any]:
     """The jsonb column as an object ({} when unset)."""
     if value is None:
@@ -68,7 +73,7 @@ async def insert_entries(
         return
     rows = [
         (f.id, f.content, f.topic, f.type, json.dumps(f.keywords, ensure_ascii=False), f.importance, f.source, f.ttl_tier,
-         f.key_id, f.workspace, f.workspace_source, f.content_hash, f.embedding, content_morphemes(f.content), ns,
+         f.key_id, f.workspace, f.workspace_source, f.content_hash, _vector(f.embedding), content_morphemes(f.content), ns,
          json.dumps(meta, ensure_ascii=False) if meta is not None else None, f.extra.get("created_at"), updated)
         for f, ns, meta, updated in zip(fragments, namespace_ids, metadata, updated_at, strict=True)
     ]
@@ -147,9 +152,11 @@ async def update_entry(conn: asyncpg.Connection, entry_id: str, changes: dict[st
     full-text vector is rebuilt from the row (fragments.refresh_search_tsv's weights)."""
     params = SqlParams()
     sets = []
-    for column in ("content", "content_hash", "keywords", "source", "embedding"):
+    for column in ("content", "content_hash", "keywords", "source"):
         if column in changes:
             sets.append(f"{column} = {params.add(changes[column])}")
+    if "embedding" in changes:
+        sets.append(f"embedding = {params.add(_vector(changes['embedding']))}")
     if "metadata" in changes:
         sets.append(f"metadata = {params.add(json.dumps(changes['metadata'], ensure_ascii=False))}::jsonb")
     sets.append("updated_at = now()")
