@@ -274,11 +274,20 @@ STAGES: tuple[Stage, ...] = (
 STAGE_NAMES = tuple(s.name for s in STAGES)
 
 
-async def run_cycle(ctx: CycleContext, only: list[str] | None = None) -> dict[str, Any]:
-    """Run the enabled stages in order; returns the per-stage report."""
+async def run_cycle(
+    ctx: CycleContext, only: list[str] | None = None,
+    progress: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+) -> dict[str, Any]:
+    """Run the enabled stages in order; returns the per-stage report. `progress` hears of each
+    stage as it starts and ends (the run row's progress, which the admin runs routes show)."""
     report: dict[str, Any] = {"tenant": ctx.tenant.label, "stages": {}}
     failed: list[str] = []
+    planned = [s.name for s in STAGES if only is None or s.name in only]
     for stage in STAGES:
+        if progress is not None and stage.name in planned:
+            finished = {name: {k: v for k, v in r.items() if k in ("processed", "durationMs", "skipped", "error")}
+                        for name, r in report["stages"].items()}
+            await progress({"stage": stage.name, "done": planned.index(stage.name), "total": len(planned), "stages": finished})
         if only is not None and stage.name not in only:
             continue
         if stage.name in ctx.settings.disabled_stages:

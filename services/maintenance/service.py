@@ -87,7 +87,13 @@ async def consolidate(
         try:
             ctx = CycleContext(pool=pool, tenant=scope, settings=rt.settings, llm=rt.llm, budget=rt.llm.budget(),
                                embedder=rt.embedder)
-            report = await run_cycle(ctx, only=stages)
+            claimed_id = run_id
+
+            async def stage_progress(state: dict[str, Any]) -> None:
+                async with pool.acquire() as conn:
+                    await runs_repo.set_progress(conn, claimed_id, state)
+
+            report = await run_cycle(ctx, only=stages, progress=stage_progress)
         except BaseException as exc:
             # Task boundary: the run row records why, then Celery sees the error (and retries
             # connection errors; the redelivered task takes over the same row).

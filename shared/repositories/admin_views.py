@@ -14,6 +14,7 @@ from typing import Any
 import asyncpg
 
 from shared.domain.principal import SqlParams, TenantScope, scope_clause
+from shared.repositories.fragment_transfer import EXPORT_COLUMNS
 
 # Characters of content shown in lists (seed: LEFT(content, 200) in lists, 80 in /activity).
 PREVIEW_CHARS = 200
@@ -455,3 +456,33 @@ async def end_stale_sessions(conn: asyncpg.Connection, idle_seconds: float, reas
         idle_seconds, reason,
     )
     return [r["id"] for r in rows]
+
+
+# -- paged export (the CLI's resumable export) ---------------------------------------------------
+
+async def export_page(
+    conn: asyncpg.Connection, *, key_id: str | None, topic: str | None, after: tuple[Any, str] | None, limit: int,
+) -> tuple[list[dict[str, Any]], tuple[Any, str] | None]:
+    """One page of the export's rows, oldest first (created_at, id: the streamed export's
+    order), after the keyset `after`; and the keyset of the page's last row."""
+    params = SqlParams()
+    clauses = [scope_clause(TenantScope(everyone=True) if key_id is None else key_scope(key_id), params, None)]
+    if topic is not None:
+        clauses.append(f"topic = {params.add(topic)}")
+    if after is not None:
+        clauses.append(f"(created_at, id) > ({params.add(after[0])}::timestamptz, {params.add(after[1])})")
+    rows = await conn.fetch(
+        f"""SELECT {', '.join(EXPORT_COLUMNS)} FROM fragments WHERE {' AND '.join(clauses)}
+            ORDER BY created_at, id LIMIT {params.add(limit)}""",
+        *params.values,
+    )
+    items = [{name: _iso(r[name]) if name != "keywords" else list(r[name]) for name in EXPORT_COLUMNS} for r in rows]
+    return items, ((rows[-1]["created_at"], rows[-1]["id"]) if rows else None)
+
+
+async def export_count(conn: asyncpg.Connection, *, key_id: str | None, topic: str | None) -> int:
+    params = SqlParams()
+    clauses = [scope_clause(TenantScope(everyone=True) if key_id is None else key_scope(key_id), params, None)]
+    if topic is not None:
+        clauses.append(f"topic = {params.add(topic)}")
+    return int(await conn.fetchval(f"SELECT count(*) FROM fragments WHERE {' AND '.join(clauses)}", *params.values))

@@ -1,0 +1,1 @@
+"""`engram`: the operator's command line over the admin REST (services/cli/main.py)."""
