@@ -5,6 +5,7 @@ can name a path. The calls block (file and HTTP I/O): async callers run them in 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import tempfile
@@ -17,7 +18,7 @@ from shared.settings import CommonSettings
 
 # Ids that may appear in a storage key: fragment ids (frag-<hex>), artifact ids, key ids.
 _SAFE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,199}$")
-MASTER_TENANT = "_master"
+MASTER_TENANT = "master"  # key ids are hex, so never "master"
 
 
 class ArtifactMissing(Exception):
@@ -28,12 +29,16 @@ class StorageUnavailable(Exception):
     """The backend did not answer (S3 down, disk error, a backend that is not configured)."""
 
 
+def _component(value: str) -> str:
+    """An id as a path component: itself when plainly safe, else its digest (ids imported
+    from elsewhere may hold any character; the name only has to be stable and unique)."""
+    if _SAFE.match(value):
+        return value
+    return "h-" + hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+
+
 def storage_key(key_id: str | None, fragment_id: str, artifact_id: str) -> str:
-    parts = (key_id or MASTER_TENANT, fragment_id, artifact_id)
-    for part in parts:
-        if not _SAFE.match(part):
-            raise ValueError(f"unsafe storage key component: {part!r}")
-    return "/".join(parts)
+    return "/".join(_component(part) for part in (key_id or MASTER_TENANT, fragment_id, artifact_id))
 
 
 class ArtifactStorage(Protocol):

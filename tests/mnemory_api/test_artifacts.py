@@ -334,3 +334,31 @@ async def test_objects_of_memories_deleted_by_other_paths_are_purged_by_the_next
         assert await asyncio.to_thread(path.is_file)
         assert (await api.post(f"/api/memories/{kept}/artifacts", json={"content": "a later write"})).status_code == 200
     assert not await asyncio.to_thread(path.exists)
+
+
+async def test_hostile_inputs_get_4xx_never_a_server_error(stack: Stack) -> None:
+    key, _ = await create_api_key(stack.database_url)
+    memory = await _memory(stack, key)
+    base = f"/api/memories/{memory}/artifacts"
+    async with _api(stack, key) as api:
+        aid = (await api.post(base, json={"content": "a fine artifact"})).json()["id"]
+        answers = [
+            await api.post(base, json={"content": "x", "content_type": "text/plain\r\nX-Injected: 1"}),
+            await api.post(base, json={"content": "x", "filename": "../../etc/passwd"}),
+            await api.post(base, json={"content": "x", "filename": "\x00"}),
+            await api.post(base, json={"content": "x\x00y"}),
+            await api.post(base, json={"content": 12}),
+            await api.post(f"/api/memories/{'m' * 500}/artifacts", json={"content": "x"}),
+            await api.get(f"{base}/{aid}", params={"offset": -1}),
+            await api.get(f"{base}/{aid}", params={"offset": 2**40, "limit": 2**40}),
+            await api.get(f"{base}/{aid}/raw", params={"token": "not.a.jwt"}),
+            await api.get(f"{base}/{aid}/raw", params={"token": "é" * 50}),
+            await api.post(f"{base}/{aid}/download-token", json={"ttl": 0}),
+            await api.post(f"{base}/{aid}/download-token", json={"ttl": 10**30}),
+            await api.delete(f"{base}/{'a' * 300}"),
+        ]
+        # The filename is cleaned (no path), never refused for its slashes; the artifact reads back.
+        saved = answers[1].json()
+        assert answers[1].status_code == 200 and "/" not in saved["filename"]
+    assert [r.status_code for r in answers if r.status_code >= 500] == []
+    assert {r.status_code for r in answers} - {200} <= {401, 404, 413, 422}
