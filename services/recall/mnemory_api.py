@@ -46,6 +46,9 @@ CORE_MIN_IMPORTANCE = "high"
 CORE_MAX_PER_SECTION = 20
 CORE_MAX_CHARS = 8000
 RECENT_LIMIT = 25
+# reference 004: the recent section of core context holds what happened, not standing facts
+# (those are the main sections' when pinned or important, and search's otherwise).
+RECENT_MEMORY_TYPES = ("episodic", "context", "procedural")
 SECTION_LABELS = {
     "agent_identity": "Agent Identity",
     "agent_knowledge": "Agent Knowledge",
@@ -219,8 +222,8 @@ async def core(res: ReadResources, ctx: ToolContext, arguments: dict[str, Any]) 
                                           CORE_MAX_PER_SECTION * 6, by_importance=True)
         top = await repo.list_memories(conn, ctx.principal, MemoryFilter(
             agent_id=agent, exclude_layers=exclude, pinned=False, min_importance=CORE_MIN_IMPORTANCE), CORE_TOP_N * 3, by_importance=True)
-        recent = await repo.list_memories(conn, ctx.principal, MemoryFilter(agent_id=agent, exclude_layers=exclude, since=since),
-                                          RECENT_LIMIT * 4)
+        recent = await repo.list_memories(conn, ctx.principal, MemoryFilter(
+            agent_id=agent, exclude_layers=exclude, since=since, memory_types=RECENT_MEMORY_TYPES), RECENT_LIMIT * 4)
     sections: dict[str, list[asyncpg.Record]] = {key: [] for key in SECTION_ORDER}
     taken: set[str] = set()
 
