@@ -19,7 +19,8 @@ DATA_ROUTES = [
     ("GET", "/memory/fragments"), ("GET", "/memory/graph?topic=x&limit=10"), ("GET", "/memory/fragments/frag-x"),
     ("DELETE", "/memory/fragments/frag-x"), ("PATCH", "/memory/fragments/frag-x"), ("GET", "/sessions"),
     ("GET", "/sessions/s-x"), ("DELETE", "/sessions/s-x"), ("POST", "/sessions/cleanup"), ("GET", "/logs/files"),
-    ("GET", "/logs/read?file=gateway.log"), ("GET", "/logs/stats"),
+    ("GET", "/logs/read?file=gateway.log"), ("GET", "/logs/stats"), ("POST", "/maintenance/consolidation"),
+    ("GET", "/export/page"), ("PUT", "/keys/k-x"),
 ]
 
 
@@ -237,3 +238,26 @@ async def test_default_mode_is_set_after_creation(stack: Stack) -> None:
             await call(s, "remember", {"content": "With the mode cleared the key stores again.", "topic": unique("t"), "type": "fact"})
         listed = {k["id"]: k for k in (await http.get("/keys")).json()}
         assert listed[key_id]["default_mode"] is None
+
+
+async def test_export_pages_walk_one_tenant_with_a_cursor(stack: Stack) -> None:
+    topic, ws = unique("topic"), unique("ws")
+    key_a, id_a = await create_api_key(stack.database_url)
+    key_b, _ = await create_api_key(stack.database_url)
+    ids_a = await store(key_a, stack.mcp_url, ws, topic, [f"Paged export fact {i} about the ledger service." for i in range(5)])
+    await store(key_b, stack.mcp_url, ws, topic, ["Another tenant's fact about the ledger service."])
+    seen: list[str] = []
+    after = None
+    first = await get(stack, "/export/page", key_id=id_a, limit=2, total="true")
+    assert first["total"] == 5
+    while True:
+        page = await get(stack, "/export/page", key_id=id_a, limit=2, **({"after": after} if after else {}))
+        seen += [row["id"] for row in page["items"]]
+        assert all(row["key_id"] == id_a for row in page["items"])
+        after = page["nextCursor"]
+        if after is None:
+            break
+    assert sorted(seen) == sorted(ids_a) and len(seen) == 5
+    async with admin(stack) as http:
+        assert (await http.get("/export/page", params={"after": "not-a-cursor"})).status_code == 400
+        assert (await http.get("/export/page", params={"key_id": "no-such-key"})).status_code == 404
