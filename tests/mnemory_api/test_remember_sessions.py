@@ -1,0 +1,158 @@
+"""POST /api/remember (reference 004) and the session summaries it writes (/api/sessions), on
+a stack of its own whose worker the test can hold down: {"accepted": true} comes back at once,
+the facts are stored by the worker through the job outbox, so a worker killed between the two
+loses nothing once a worker runs again; role sets the point of view; stored memories join the
+memory session (no echo on the next recall); REMEMBER_RATE_LIMIT; sessions list, get, delete
+(delete_memories) and consolidate; two keys never see each other's sessions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.mnemory_api.helpers import api, eventually
+from tests.support import Stack, create_api_key, new_stack_config, unique
+
+RATE_LIMIT = 6
+
+
+@pytest.fixture(scope="module")
+def own(stack: Stack, stack_dir: Path) -> Iterator[Stack]:
+    # restart=False: the test holds the worker down, then starts it.
+    config = new_stack_config(stack_dir / "mnemory-remember", database_url=stack.database_url, restart=False)
+    config.extra_env = {**config.extra_env, "REMEMBER_RATE_LIMIT": str(RATE_LIMIT)}
+    with Stack(config) as running:
+        yield running
+
+
+async def _labelled(c: httpx.AsyncClient, marker: str) -> list[dict[str, Any]]:
+    reply = await c.get("/api/memories", params={"labels": json.dumps({"conversation_id": marker})})
+    results: list[dict[str, Any]] = reply.json()["results"]
+    return results
+
+
+def _exchange(marker: str, user: str, assistant: str, **extra: Any) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": assistant},
+                         {"role": "system", "content": "Recalled: the user likes opera."}],
+            "labels": {"conversation_id": marker}, **extra}
+
+
+async def test_worker_killed_between_accept_and_processing_loses_nothing(own: Stack) -> None:
+    key, _ = await create_api_key(own.database_url)
+    marker = unique("conv")
+    async with api(own.gateway_url, key) as c:
+        session_id = (await c.post("/api/recall", json={"query": "hello"})).json()["session_id"]
+        worker = own.processes["worker"]
+        worker.signal(signal.SIGKILL)
+        await asyncio.to_thread(worker.process.wait, 30)  # type: ignore[union-attr]
+        reply = await c.post("/api/remember", json=_exchange(
+            marker, "I just moved to Berlin. I really love the lakes around the city. Is it cold in winter?",
+            "That's exciting! Berlin winters are cold.", session_id=session_id))
+        assert reply.status_code == 200 and reply.json() == {"accepted": True}
+        await asyncio.sleep(3)
+        assert await _labelled(c, marker) == []  # nobody is consuming: the job waits
+        worker.start()
+        stored = await eventually(lambda: _labelled(c, marker), timeout=180)
+        contents = sorted(m["memory"] for m in stored)
+        # role null without an agent: the user's statements only (the question and the system message are not facts).
+        assert contents == ["User: I just moved to Berlin.", "User: I really love the lakes around the city."]
+        kinds = {m["memory"]: (m["metadata"]["memory_type"], m["metadata"]["memory_layer"], m["metadata"]["role"]) for m in stored}
+        assert kinds["User: I really love the lakes around the city."] == ("preference", "raw", "user")
+        await asyncio.sleep(2)
+        assert len(await _labelled(c, marker)) == 2  # a redelivered job stores nothing twice
+
+        # The stored memories joined the memory session: the next recall does not echo them.
+        echo = (await c.post("/api/recall", json={"session_id": session_id, "query": "Where did the user move to?"})).json()
+        assert echo["session_id"] == session_id and echo["search_results"] == []
+        fresh = (await c.post("/api/recall", json={"query": "Where did the user move to?"})).json()
+        assert "User: I just moved to Berlin." in [r["memory"] for r in fresh["search_results"]]
+
+        summary = (await c.get(f"/api/sessions/{session_id}")).json()
+        assert summary["session_id"] == session_id and "User: I just moved to Berlin" in summary["summary"]
+        assert "Recalled: the user likes opera" not in summary["summary"]  # system messages are never stored
+        assert sorted(summary["memory_ids"]) == sorted(m["id"] for m in stored) and summary["consolidation_state"] == "idle"
+
+
+async def test_role_sets_the_point_of_view(own: Stack) -> None:
+    key, _ = await create_api_key(own.database_url)
+    async with api(own.gateway_url, key) as c, api(own.gateway_url, key, agent="travel-bot") as agent:
+        refused = await c.post("/api/remember", json=_exchange("x", "I hate flying.", "Noted.", role="assistant"))
+        assert refused.status_code == 422 and "X-Agent-Id" in refused.json()["detail"]
+        as_agent = unique("conv")
+        assert (await agent.post("/api/remember", json=_exchange(
+            as_agent, "Book me a train to Vienna please.", "I always recommend the night train for Vienna.", role="assistant",
+        ))).json() == {"accepted": True}
+        stored = await eventually(lambda: _labelled(agent, as_agent), timeout=120)
+        assert [(m["memory"], m["metadata"]["role"], m["metadata"].get("agent_id")) for m in stored] == [
+            ("Assistant: I always recommend the night train for Vienna.", "assistant", "travel-bot")]
+        both = unique("conv")
+        await agent.post("/api/remember", json=_exchange(both, "My sister lives in Graz.", "I will suggest Graz stops from now on."))
+        stored = await eventually(lambda: _labelled(agent, both), timeout=120)
+        assert sorted(m["metadata"]["role"] for m in stored) == ["assistant", "user"]  # auto mode with an agent: both
+
+
+async def test_remember_is_rate_limited_per_key(own: Stack) -> None:
+    key, _ = await create_api_key(own.database_url)
+    other, _ = await create_api_key(own.database_url)
+    async with api(own.gateway_url, key) as c, api(own.gateway_url, other) as o:
+        codes = [(await c.post("/api/remember", json=_exchange(unique("r"), "Nothing durable here?", "ok"))).status_code
+                 for _ in range(RATE_LIMIT + 2)]
+        assert codes.count(200) <= RATE_LIMIT and codes[-1] == 429  # a minute window may start mid-loop
+        assert (await o.post("/api/remember", json=_exchange(unique("r"), "Still nothing?", "ok"))).status_code == 200
+
+
+async def test_sessions_list_get_delete_and_consolidate(own: Stack) -> None:
+    key, _ = await create_api_key(own.database_url)
+    other, _ = await create_api_key(own.database_url)
+    marker = unique("conv")
+    async with api(own.gateway_url, key) as c, api(own.gateway_url, other) as o:
+        sessions = []
+        for n, city in enumerate(["Oslo", "Bergen", "Tromso"]):
+            sid = f"ses_{marker}_{n}"
+            await c.post("/api/remember", json=_exchange(f"{marker}-{n}", f"I visited {city} last summer with friends.", "Nice.", session_id=sid))
+            sessions.append(sid)
+        await eventually(lambda: _all_listed(c, sessions), timeout=180)
+
+        page = (await c.get("/api/sessions", params={"limit": 2, "sort_by": "created_at", "sort_dir": "asc"})).json()
+        assert set(page) == {"sessions", "total", "offset", "limit", "has_more", "total_truncated"}
+        assert page["total"] == 3 and page["limit"] == 2 and page["offset"] == 0 and page["has_more"] is True
+        assert page["total_truncated"] is False and [s["session_id"] for s in page["sessions"]] == sessions[:2]
+        assert set(page["sessions"][0]) >= {"session_id", "summary", "created_at", "updated_at", "consolidation_state"}
+        rest = (await c.get("/api/sessions", params={"limit": 2, "offset": 2, "sort_by": "created_at", "sort_dir": "asc"})).json()
+        assert [s["session_id"] for s in rest["sessions"]] == sessions[2:] and rest["has_more"] is False
+        found = (await c.get("/api/sessions", params={"q": "BERGEN"})).json()
+        assert [s["session_id"] for s in found["sessions"]] == [sessions[1]] and found["total"] == 1
+        assert (await c.get("/api/sessions", params={"consolidation_state": "consolidated"})).json()["total"] == 0
+
+        # Another key sees none of them.
+        assert (await o.get("/api/sessions")).json()["total"] == 0
+        assert (await o.get(f"/api/sessions/{sessions[0]}")).status_code == 404
+        assert (await o.delete(f"/api/sessions/{sessions[0]}")).status_code == 404
+        assert (await o.post(f"/api/sessions/{sessions[0]}/consolidate")).status_code == 404
+
+        done = (await c.post(f"/api/sessions/{sessions[0]}/consolidate")).json()
+        assert done["status"] == "consolidated" and done["session_id"] == sessions[0] and done["promoted"] == 1
+        promoted = (await c.post("/api/memories/by-ids", json={"ids": done["consolidated_memory_ids"]})).json()["results"]
+        assert [m["metadata"]["memory_layer"] for m in promoted] == ["consolidated"]
+        assert (await c.get(f"/api/sessions/{sessions[0]}")).json()["consolidation_state"] == "consolidated"
+
+        linked = (await c.get(f"/api/sessions/{sessions[1]}")).json()["memory_ids"]
+        gone = (await c.delete(f"/api/sessions/{sessions[1]}", params={"delete_memories": "true"})).json()
+        assert gone == {"deleted_session": True, "deleted_memories": len(linked)} and len(linked) == 1
+        assert (await c.post("/api/memories/by-ids", json={"ids": linked})).json()["results"] == []
+        kept = (await c.get(f"/api/sessions/{sessions[2]}")).json()["memory_ids"]
+        assert (await c.delete(f"/api/sessions/{sessions[2]}")).json() == {"deleted_session": True, "deleted_memories": 0}
+        assert len((await c.post("/api/memories/by-ids", json={"ids": kept})).json()["results"]) == 1
+        assert (await c.get(f"/api/sessions/{sessions[2]}")).status_code == 404
+
+
+async def _all_listed(c: httpx.AsyncClient, sessions: list[str]) -> bool:
+    listed = (await c.get("/api/sessions", params={"limit": 200})).json()["sessions"]
+    return {s["session_id"] for s in listed} >= set(sessions)
