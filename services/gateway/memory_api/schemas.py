@@ -56,7 +56,8 @@ class BulkDeleteRequest(_Request):
 
 class MoveEntriesRequest(_Request):
     ids: list[str]
-    targetNamespaceId: uuid.UUID
+    # A UUID in its string form (strict mode would take only a UUID object).
+    targetNamespaceId: uuid.UUID = Field(strict=False)
 
 
 class ConsolidationConfig(_Request):
