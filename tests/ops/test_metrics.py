@@ -4,19 +4,22 @@ and batch sizes, the L1 hit ratio, queue depths; label sets bounded whatever cal
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterable
 
 import httpx
 import pytest
+from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from services.common.rpc import SERVICE_TOKEN_HEADER
 from services.recall import effects
 from shared.contract.catalog import TOOLS_BY_NAME
+from shared.db import create_pool
 from shared.jobs import QUEUE_BATCH, QUEUE_MAINTENANCE
-from shared.metrics import DEAD_LETTER_KEY, QUEUE_KEYS
+from shared.metrics import DEAD_LETTER_KEY, QUEUE_KEYS, observe_pool
 from shared.repositories.batch_jobs import BatchQueue
 from shared.settings import CommonSettings
 from tests.support import Stack, call, create_api_key, mcp_session, unique
@@ -47,16 +50,16 @@ def service_urls(stack: Stack) -> dict[str, str]:
 
 async def test_unmatched_paths_and_unknown_tools_never_become_label_values(stack: Stack) -> None:
     marker = uuid.uuid4().hex[:8]
-    with httpx.Client(timeout=10) as http:
+    async with httpx.AsyncClient(timeout=10) as http:
         for url in service_urls(stack).values():
             for n in range(5):
-                assert http.get(f"{url}/probe-{marker}-{n}").status_code == 404
+                assert (await http.get(f"{url}/probe-{marker}-{n}")).status_code == 404
         # An unknown tool at an internal service (its token accepted): the route's template.
-        refused = http.post(f"{stack.recall_urls[0]}/v1/tools/nope-{marker}", headers={SERVICE_TOKEN_HEADER: stack.service_token},
-                            json={"arguments": {}, "principal": {"is_master": True}})
+        refused = await http.post(f"{stack.recall_urls[0]}/v1/tools/nope-{marker}", headers={SERVICE_TOKEN_HEADER: stack.service_token},
+                                  json={"arguments": {}, "principal": {"is_master": True}})
         assert refused.status_code == 404
         # Refused at the front door before routing: labelled by the route it was for.
-        assert http.post(f"{stack.gateway_url}/mcp", json={}).status_code == 401
+        assert (await http.post(f"{stack.gateway_url}/mcp", json={})).status_code == 401
     key, _ = await create_api_key(stack.database_url)
     async with mcp_session(stack.mcp_url, key) as s:
         for n in range(3):
@@ -140,3 +143,22 @@ def test_logs_are_json_in_production_and_traces_export_only_when_asked() -> None
     assert CommonSettings(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT="http://collector:4318/v1/traces").otlp_traces
     assert CommonSettings(OTEL_TRACES_EXPORTER="otlp").otlp_traces
     assert not CommonSettings(OTEL_TRACES_EXPORTER="none", OTEL_EXPORTER_OTLP_ENDPOINT="http://collector:4318").otlp_traces
+
+
+async def test_pool_gauges_count_connections_lent_and_callers_waiting(stack: Stack) -> None:
+    def gauges() -> tuple[float | None, float | None]:
+        return tuple(REGISTRY.get_sample_value(name, {"service": "ops-test"})  # type: ignore[return-value]
+                     for name in ("engram_db_pool_in_use", "engram_db_pool_waiting"))
+
+    pool = await create_pool(stack.database_url, min_size=1, max_size=1)
+    try:
+        async with pool.acquire():
+            waiter = asyncio.create_task(pool.acquire(timeout=10).__aenter__())
+            await asyncio.sleep(0.1)
+            observe_pool("ops-test", pool)
+            assert gauges() == (1, 1)
+        await pool.release(await waiter)
+        observe_pool("ops-test", pool)
+        assert gauges() == (0, 0)
+    finally:
+        await pool.close()
