@@ -144,11 +144,10 @@ def memory_item(row: Any, score: float | None = None) -> dict[str, Any]:
         metadata["expires_at"] = _iso(row["expires_at"])
     if row["agent_id"] and row["agent_id"] != "default":
         metadata["agent_id"] = row["agent_id"]
-    artifacts = row["artifact_count"] if "artifact_count" in row.keys() else 0  # noqa: SIM118 - asyncpg Record
     return {
         "id": row["id"],
         "memory": row["content"],
         "score": round(score, 4) if score is not None else None,
         "metadata": metadata,
-        "has_artifacts": bool(artifacts),
+        "has_artifacts": bool(row["has_artifacts"]),
     }

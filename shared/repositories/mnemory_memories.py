@@ -17,7 +17,8 @@ from shared.domain.principal import Principal, SqlParams, TenantScope, scope_cla
 MEMORY_COLUMNS = """
     f.id, f.content, f.type, f.topic, f.importance, f.is_anchor, f.agent_id, f.key_id,
     f.created_at, f.updated_at, f.content_hash,
-    m.memory_type, m.categories, m.role, m.memory_layer, m.labels, m.event_date, m.expires_at, m.session_id
+    m.memory_type, m.categories, m.role, m.memory_layer, m.labels, m.event_date, m.expires_at, m.session_id,
+    EXISTS (SELECT 1 FROM fragment_artifacts a WHERE a.fragment_id = f.id) AS has_artifacts
 """
 _FROM = "fragments f LEFT JOIN mnemory_memories m ON m.fragment_id = f.id"
 # The memory_type of a row with or without its mnemory row (shared.domain.mnemory.MEMORY_TYPE).

@@ -25,7 +25,8 @@ async def test_add_search_update_delete_round_trip(stack: Stack) -> None:
         })
         assert reply.status_code == 200, reply.text
         body = reply.json()
-        assert body["error"] is False and body["results"][0]["event"] == "ADD"
+        assert body["error"] is False and body["artifact"] is None and body["message"] is None
+        assert body["results"][0]["event"] == "ADD"
         assert body["results"][0]["memory"] == "User lives in Prague and flies gliders on weekends"
         memory_id = body["results"][0]["id"]
 
@@ -61,6 +62,10 @@ async def test_add_search_update_delete_round_trip(stack: Stack) -> None:
         meta = (await c.post("/api/memories/by-ids", json={"ids": [memory_id]})).json()["results"][0]["metadata"]
         assert (meta["importance"], meta["pinned"], meta["categories"], meta["memory_type"]) == ("low", False, ["work"], "preference")
         assert "labels" not in meta
+
+        saved = await c.post(f"/api/memories/{memory_id}/artifacts", json={"content": "# Glider log\n", "filename": "log.md"})
+        assert saved.status_code == 200, saved.text
+        assert (await c.post("/api/memories/by-ids", json={"ids": [memory_id]})).json()["results"][0]["has_artifacts"] is True
 
         deleted = await c.delete(f"/api/memories/{memory_id}")
         assert deleted.status_code == 200 and deleted.json() == {"status": "deleted", "memory_id": memory_id}

@@ -40,13 +40,13 @@ def _body(model: Any) -> dict[str, Any]:
     return dict(model.model_dump(mode="json", exclude={"caller_agent_id"}))
 
 
-@router.post("", response_model=AddMemoryResponse, response_model_exclude_none=True)
+@router.post("", response_model=AddMemoryResponse)
 async def add_memory(request: Request, req: AddMemoryRequest, who: Writer) -> dict[str, Any]:
     """Add a memory."""
     return await upstream.call(request, "ingest", "mnemory_add", who, _body(req))
 
 
-@router.post("/batch", response_model=list[AddMemoryResponse], response_model_exclude_none=True)
+@router.post("/batch", response_model=list[AddMemoryResponse])
 async def add_memories_batch(request: Request, req: AddMemoriesBatchRequest, who: Writer) -> list[dict[str, Any]]:
     """Batch add memories: one response per item, a failed item answered in place."""
     reply = await upstream.call(request, "ingest", "mnemory_add_batch", who, _body(req))

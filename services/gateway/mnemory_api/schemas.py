@@ -17,8 +17,16 @@ class MemoryActionResult(BaseModel):
     event: str  # ADD, NONE (already stored)
 
 
+class ArtifactInfo(BaseModel):
+    id: str
+    filename: str
+    size: int
+    linked_memories: int
+
+
 class AddMemoryResponse(BaseModel):
     results: list[MemoryActionResult] = Field(default_factory=list)
+    artifact: ArtifactInfo | None = None  # reference 004's auto-artifact; Engram refuses over-long content instead
     error: bool = False
     message: str | None = None
 
