@@ -15,7 +15,7 @@ export const paths = {
 function versionsView(versions) {
   if (!versions.length) return h("p.empty", "No earlier versions: this fragment was never amended or superseded.");
   return h("ol.versions", { id: "versions" }, versions.map((v) => h("li.version",
-    h("div.version-meta", [v.version ?? v.version_no ?? null, fmtTime(v.amended_at ?? v.changed_at ?? v.created_at ?? v.valid_from), v.reason ?? v.change ?? v.kind ?? null, v.id ? short(v.id, 10) : null].filter(Boolean).join(" · ")),
+    h("div.version-meta", [v.version != null ? `version ${v.version}` : null, fmtTime(v.created_at ?? v.changed_at), v.changed_by ? `by ${v.changed_by}` : null, v.type, v.topic, v.id ? short(v.id, 10) : null].filter(Boolean).join(" · ")),
     h("pre.content", v.content ?? v.old_content ?? JSON.stringify(v)),
   )));
 }
@@ -33,12 +33,22 @@ function linksView(links, id, navigate) {
   });
 }
 
+function chainCard(title, lists, navigate) {
+  const parts = Object.entries(lists).filter(([, rows]) => Array.isArray(rows) && rows.length);
+  if (!parts.length) return null;
+  return card(title, parts.map(([name, rows]) => [h("h4", name), table(rows, [
+    { key: "id", render: (r) => h("code", short(r.id, 12)) }, { key: "type" },
+    { key: "created_at", label: "created", render: (r) => fmtTime(r.created_at) },
+    { key: "content", render: (r) => h("span.content-preview", preview(r.content, 160)) },
+  ], { onRow: (r) => navigate("fragment", r.id) })]));
+}
+
 function amendForm(fragment, done, status) {
   const content = h("textarea", { name: "content", rows: 4, maxlength: 4000 });
   content.value = fragment.content ?? "";
   const topic = h("input", { name: "topic", value: fragment.topic ?? "" });
   const type = select("type", TYPES.map((t) => [t, t]), fragment.type ?? "fact");
-  const importance = h("input", { name: "importance", type: "number", min: 0, max: 1, step: 0.05, value: fragment.importance ?? "" });
+  const importance = h("input", { name: "importance", type: "number", min: 0, max: 1, step: "any", value: typeof fragment.importance === "number" ? Number(fragment.importance.toFixed(4)) : "" });
   const form = h("form.stack-form", { id: "amend-form" },
     field("Content", content), field("Topic", topic), field("Type", type), field("Importance", importance),
     h("button.primary", { type: "submit" }, "Amend"),
@@ -49,7 +59,7 @@ function amendForm(fragment, done, status) {
     if (content.value !== (fragment.content ?? "")) body.content = content.value;
     if (topic.value.trim() && topic.value.trim() !== fragment.topic) body.topic = topic.value.trim();
     if (type.value !== fragment.type) body.type = type.value;
-    if (importance.value !== "" && Number(importance.value) !== fragment.importance) body.importance = Number(importance.value);
+    if (importance.value !== "" && Math.abs(Number(importance.value) - (fragment.importance ?? -1)) > 1e-4) body.importance = Number(importance.value);
     if (!Object.keys(body).length) { replace(status, h("p.muted", "Nothing changed.")); return; }
     try {
       await api("PATCH", paths.amend(fragment.id), { body });
@@ -82,6 +92,8 @@ export async function render(root, { arg, navigate, alive }) {
       ),
       card("versions", versionsView(versions)),
       card("links", h("div", { id: "links" }, linksView(links, fragment.id ?? id, navigate))),
+      chainCard("supersession", { "superseded by (newer)": data?.superseded_by_chain, "supersedes (older)": data?.supersedes }, navigate),
+      data?.causal && Object.values(data.causal).some((v) => Array.isArray(v) && v.length) ? card("causal chain", anyValue(data.causal)) : null,
       card("amend", amendForm(fragment, load, status)),
       card("forget",
         h("p.muted", "Deletes the fragment and its links. Permanent-tier fragments need force."),

@@ -3,18 +3,22 @@
 import { api } from "../lib/api.js";
 import { anyValue, card, field, fmtBytes, h, replace, rowsOf, select } from "../lib/dom.js";
 
-const LEVELS = ["", "DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"];
+const LEVELS = ["", "debug", "info", "warning", "error", "critical"];
 const TAILS = [100, 200, 500, 1000];
 const FOLLOW_MS = 3000;
 
 function levelOf(line) {
-  const m = /\b(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\b/.exec(line);
-  return m ? m[1].toLowerCase().replace("warn", "warning").replace("warninging", "warning") : "";
+  if (line && typeof line === "object" && line.level) return String(line.level).toLowerCase();
+  const m = /\b(DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL|FATAL)\b/.exec(String(line));
+  return m ? (m[1] === "WARN" ? "warning" : m[1].toLowerCase()) : "";
 }
 
 function lineText(line) {
   if (typeof line === "string") return line;
-  if (line && typeof line === "object") return line.line ?? line.text ?? line.message ?? JSON.stringify(line);
+  if (line && typeof line === "object") {
+    if ("message" in line) return [line.timestamp, line.level ? String(line.level).toUpperCase() : null, line.message].filter(Boolean).join(" ");
+    return line.line ?? line.text ?? JSON.stringify(line);
+  }
   return String(line);
 }
 
@@ -41,9 +45,9 @@ export async function render(root, { alive }) {
     const data = await api("GET", "/logs/read", { query: { file: fileSelect.value, tail: tail.value, level: level.value, search: search.value.trim() } });
     if (!alive()) return;
     const lines = rowsOf(data, "lines", "entries");
-    replace(output, lines.length ? lines.map((l) => { const text = lineText(l); return h(`div.line.${levelOf(text) || "plain"}`, text); }) : h("p.empty", "No line matches."));
-    const extra = data && !Array.isArray(data) ? Object.entries(data).filter(([, v]) => v === null || typeof v !== "object").map(([k, v]) => `${k}: ${v}`).join(" · ") : "";
-    info.textContent = `${lines.length} line(s)${extra ? ` · ${extra}` : ""}`;
+    replace(output, lines.length ? lines.map((l) => h(`div.line.${levelOf(l) || "plain"}`, lineText(l))) : h("p.empty", "No line matches."));
+    const counts = data && typeof data.filtered === "number" ? ` · ${data.filtered} of the last ${data.total} entries match` : "";
+    info.textContent = `${lines.length} line(s) shown${counts}`;
     output.scrollTop = output.scrollHeight;
   }
   form.addEventListener("submit", (e) => { e.preventDefault(); read().catch((err) => replace(output, h("div.error", err.message))); });

@@ -1,10 +1,17 @@
-// Maintenance: the consolidation cycle (status, run now, every run's stage report), fsck
+// Maintenance: the consolidation cycle (status, run now, every run's stage report; the
+// cycle runs for every tenant, as the scheduler's does), fsck
 // (start, progress while it runs, its issues, apply the chosen fixes) and the anomalies the
 // last cycle found.
 import { api } from "../lib/api.js";
-import { anyValue, card, fmtTime, h, replace, rowsOf, short, table } from "../lib/dom.js";
+import { anyValue, card, field, fmtTime, h, replace, rowsOf, select, short, table } from "../lib/dom.js";
 
 const POLL_MS = 1500;
+// The cycle's stages, in order (shared/contract/maintenance.py CONSOLIDATION_STAGES; a test
+// keeps the two lists equal).
+export const STAGES = [
+  "embedding_backfill", "passage_backfill", "ttl_tiers", "importance_decay", "activation_decay", "expiry_gc", "exact_dedup",
+  "semantic_dedup", "contradictions", "supersession", "co_retrieval", "session_cleanup", "anomalies",
+];
 const DONE = new Set(["succeeded", "failed", "cancelled", "canceled"]);
 
 export const paths = {
@@ -115,32 +122,38 @@ export async function render(root, { alive }) {
     if (alive()) { onUpdate(run); await loadRuns(); }
   }
 
+  const keys = await api("GET", "/keys").catch(() => []);
+  const stageBoxes = STAGES.map((name) => h("label.check", h("input", { type: "checkbox", name: "stage", value: name }), name));
   const runNow = h("button.primary", { type: "button", id: "run-consolidation" }, "Run consolidation now");
   runNow.addEventListener("click", async () => {
     runNow.disabled = true;
+    const stages = stageBoxes.map((l) => l.firstChild).filter((c) => c.checked).map((c) => c.value);
     try {
-      const started = await api("POST", paths.startConsolidation, { body: {} });
+      const started = await api("POST", paths.startConsolidation, { body: stages.length ? { stages } : {} });
       const runId = started?.runId ?? started?.id ?? started?.run_id;
-      say(status, `Consolidation run ${runId} queued.`);
+      say(status, `Consolidation run ${runId} queued (${stages.length ? stages.join(", ") : "every stage"}).`);
       if (runId != null) await showRun(runId);
     } catch (e) { say(status, `Could not start consolidation: ${e.message}`, "error"); } finally { runNow.disabled = false; }
   });
-  const fsckScope = h("select", { name: "fsck_scope" }, h("option", { value: "all" }, "every tenant"), h("option", { value: "master" }, "the master key's own"));
+  const fsckTenant = select("fsck_key", [["", "every tenant"], ["master", "the master key's own"], ...keys.map((k) => [k.id, `key ${k.name}`])], "");
   const fsckIncremental = h("input", { type: "checkbox", name: "incremental" });
   const startFsck = h("button.primary", { type: "button", id: "start-fsck" }, "Start fsck");
   startFsck.addEventListener("click", async () => {
     startFsck.disabled = true;
+    const scope = fsckTenant.value === "" ? { scope: "all" } : fsckTenant.value === "master" ? { scope: "master" } : { scope: "key", keyId: fsckTenant.value };
     try {
-      const started = await api("POST", "/fsck", { body: { scope: fsckScope.value, incremental: fsckIncremental.checked } });
-      say(status, `fsck run ${started.id} queued.`);
+      const started = await api("POST", "/fsck", { body: { ...scope, incremental: fsckIncremental.checked } });
+      say(status, `fsck run ${started.id} queued (${started.tenant}).`);
       await showFsck(started.id);
     } catch (e) { say(status, `Could not start fsck: ${e.message}`, "error"); } finally { startFsck.disabled = false; }
   });
 
   root.append(status,
-    card("consolidation", consolidation, h("div.actions", runNow), report),
+    card("consolidation", consolidation,
+      h("details.stages", h("summary", "Stages (none ticked: every enabled stage)"), h("div.checks.wrap", { id: "consolidation-stages" }, stageBoxes)),
+      h("div.actions", runNow), report),
     card("runs", h("p.muted", "Every maintenance run, newest first; click one for its stage report."), runs),
-    card("fsck", h("div.filters", h("label.field", h("span", "Scope"), fsckScope), h("label.check", fsckIncremental, "incremental"), startFsck), fsckBox, fsckIssuesBox),
+    card("fsck", h("div.filters", field("Tenant", fsckTenant), h("label.check", fsckIncremental, "incremental"), startFsck), fsckBox, fsckIssuesBox),
     card("anomalies (last scan)", anomalies),
   );
   api("GET", "/memory/anomalies").then((a) => alive() && replace(anomalies, anyValue(a))).catch((e) => alive() && replace(anomalies, h("div.error", e.message)));

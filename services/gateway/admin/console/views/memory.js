@@ -23,7 +23,7 @@ export async function render(root, { query, navigate, alive }) {
     key_id: query.get("key_id") ?? "",
     workspace: query.get("workspace") ?? "",
     page: Math.max(1, Number(query.get("page") ?? 1) || 1),
-    limit: LIMITS.includes(Number(query.get("limit"))) ? Number(query.get("limit")) : 20,
+    limit: Math.min(100, Math.max(1, Math.trunc(Number(query.get("limit"))) || 20)),
   };
   const keys = await api("GET", "/keys").catch(() => []);
   const keyNames = new Map(keys.map((k) => [k.id, k.name]));
@@ -32,7 +32,7 @@ export async function render(root, { query, navigate, alive }) {
   const type = select("type", [["", "any"], ...TYPES.map((t) => [t, t])], filters.type);
   const key = select("key_id", [["", "any"], ...keys.map((k) => [k.id, k.name])], filters.key_id);
   const workspace = h("input", { name: "workspace", value: filters.workspace, placeholder: "any" });
-  const limit = select("limit", LIMITS.map((n) => [n, String(n)]), filters.limit);
+  const limit = select("limit", [...new Set([...LIMITS, filters.limit])].sort((a, b) => a - b).map((n) => [n, String(n)]), filters.limit);
   const form = h("form.filters", { id: "fragment-filters" },
     field("Topic", topic), field("Type", type), field("Key", key), field("Workspace", workspace), field("Per page", limit),
     h("button.primary", { type: "submit" }, "Filter"),
