@@ -85,6 +85,8 @@ async def test_refusals_name_what_is_wrong(stack: Stack) -> None:
         assert (await c.post("/api/memories", json={"content": "The sky was green", "importance": "urgent"})).status_code == 422
         secret = await c.post("/api/memories", json={"content": "The CI user key is AKIAIOSFODNN7EXAMPLE in us-east-1."})
         assert secret.status_code == 422  # ENGRAM_SECRET_POLICY=reject (the default) refuses secrets on every write path
+        remembered = await c.post("/api/remember", json={"messages": [{"role": "user", "content": "The CI user key is AKIAIOSFODNN7EXAMPLE in us-east-1."}]})
+        assert remembered.status_code == 422 and "aws_access_key" in remembered.json()["detail"]  # refused before it is queued
 
 
 async def test_batch_answers_each_item_in_place(stack: Stack) -> None:
