@@ -156,6 +156,8 @@ async def test_graph_detail_amend_and_forget_of_a_fragment(stack: Stack) -> None
         assert [r["id"] for r in detail["causal"]["resolutions"]] == [fix_id]
         # amend's own validation, through the admin route
         assert (await http.patch(f"/memory/fragments/{error_id}", json={"importance": 7})).status_code == 422
+        nan = await http.patch(f"/memory/fragments/{error_id}", content=b'{"importance": NaN}', headers={"content-type": "application/json"})
+        assert nan.status_code == 400
         # secrets are screened on this write path too
         leaked = await http.patch(f"/memory/fragments/{error_id}", json={"content": "token ghp_" + "a1B2" * 9})
         assert leaked.status_code in (400, 422) and "ghp_" not in (await http.get(f"/memory/fragments/{error_id}")).text

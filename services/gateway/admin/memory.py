@@ -95,7 +95,7 @@ async def amend_fragment(request: Request, fragment_id: str) -> dict[str, Any]:
     """amend, as the master key: the body is amend's arguments (content, topic, keywords, type,
     importance, isAnchor, ...); the path names the fragment."""
     try:
-        body = json.loads(await request.body() or b"{}")
+        body = json.loads(await request.body() or b"{}", parse_constant=_no_constant)
     except ValueError:
         raise HTTPException(status_code=400, detail="the body is not valid JSON") from None
     if not isinstance(body, dict):
@@ -104,6 +104,10 @@ async def amend_fragment(request: Request, fragment_id: str) -> dict[str, Any]:
     if is_error:
         _refused(result)
     return result
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _refused(result: dict[str, Any]) -> None:
