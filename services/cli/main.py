@@ -252,6 +252,7 @@ def _wait_run(opts: Options, client: AdminClient, path: str, timeout: float) -> 
     """Poll a run until it finishes, showing its stage / phase progress."""
     deadline = time.monotonic() + timeout
     run: dict[str, Any] = {}
+    shown = None
     with _progress(opts, "run") as bar:
         task = bar.add_task("queued", total=None)
         while time.monotonic() < deadline:
@@ -261,8 +262,9 @@ def _wait_run(opts: Options, client: AdminClient, path: str, timeout: float) -> 
             total = progress.get("total") or progress.get("phases")
             done = progress.get("done", progress.get("phaseIndex", 0))
             bar.update(task, description=str(label), completed=done or 0, total=total)
-            if not opts.json and not err.is_terminal and progress.get("stage"):
-                err.print(f"run {run['runId']}: stage {progress['stage']} ({done}/{total})", highlight=False)
+            if not opts.json and not err.is_terminal and label != shown:  # no bar: a line per stage instead
+                shown = label
+                err.print(f"run {run['runId']}: {label}" + (f" ({done}/{total})" if total else ""), highlight=False)
             if run["status"] in RUN_DONE:
                 bar.update(task, completed=total or 1, total=total or 1, description=run["status"])
                 return run
