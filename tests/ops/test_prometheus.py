@@ -196,12 +196,21 @@ async def test_every_dashboard_panel_charts_series_present_in_the_scrape(scraped
             charted[panel["title"]] = charted.get(panel["title"], set()) | series
     missing = {title: sorted(series - names) for title, series in charted.items() if series - names}
     assert not missing, f"panels charting series no target exports: {missing}"
-    # Each panel's query also returns data from this stack (not just a name that exists).
-    empty = []
-    for panel in dashboard["panels"]:
-        for target in panel["targets"]:
-            expr = target["expr"].replace("$__rate_interval", "1m")
-            result = (await _api(scraped, "/api/v1/query", query=expr))["result"]
-            if not result:
-                empty.append(panel["title"])
+    # Each panel's query also returns data from this stack (not just a name that exists);
+    # rate() and increase() need two scrapes of a series that has just appeared.
+    async def empty_panels() -> list[str]:
+        empty = []
+        for panel in dashboard["panels"]:
+            for target in panel["targets"]:
+                expr = target["expr"].replace("$__rate_interval", "1m")
+                if not (await _api(scraped, "/api/v1/query", query=expr))["result"]:
+                    empty.append(panel["title"])
+        return empty
+
+    deadline = time.monotonic() + 60
+    for _ in range(120):
+        empty = await empty_panels()
+        if not empty or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(1)
     assert not empty, f"panels with no data: {empty}"
