@@ -133,7 +133,9 @@ class MemoryImport:
         waiting: list[tuple[str, Any]] = []  # entries that came before their namespace
         block, entry = -1, 0
         for prefix, item in _objects(document):
-            if prefix == "version":
+            if prefix == "namespaces":  # the whole-store shape, even with no namespace in it
+                full = True
+            elif prefix == "version":
                 if item != banks.EXPORT_VERSION:
                     raise MemoryApiError(400, f"unsupported export version {item!r}; this server reads version {banks.EXPORT_VERSION}")
             elif prefix == "namespaces.item":  # a block starts
@@ -275,7 +277,7 @@ def _objects(document: str) -> Iterator[tuple[str, Any]]:
                     builder.event(event, value)
                 else:
                     yield prefix, value
-            elif prefix == "namespaces.item" and event == "start_map":
+            elif (prefix == "namespaces.item" and event == "start_map") or (prefix == "namespaces" and event == "start_array"):
                 yield prefix, None
             elif prefix == "version" and event in ("number", "string", "boolean", "null"):
                 yield prefix, value
