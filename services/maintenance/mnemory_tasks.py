@@ -117,7 +117,9 @@ async def remember_exchange(rt: WorkerRuntime, request_id: str, principal: dict[
         done = await sessions_repo.request_done(conn, request_id)
     if done is not None:
         return {"requestId": request_id, "skipped": "already stored", "memoryIds": done}
-    facts = llm_facts(rt.llm, request) or extract_facts(request)
+    facts = llm_facts(rt.llm, request)
+    if facts is None:
+        facts = extract_facts(request)
     session_id = request.get("session_id")
     stored: list[str] = []
     replicas = {"ingest": InternalClient.replicas(rt.settings.ingest_url)}

@@ -109,6 +109,20 @@ async def test_session_continues_on_another_replica_and_after_a_restart(
         await redis.aclose()
 
 
+async def test_without_redis_sessions_live_in_the_gateway_process(stack: Stack) -> None:
+    proc, gateway = start_gateway(stack, "gateway-mnemory-redisless", 10, {"REDIS_ENABLED": "false"})
+    try:
+        key, _ = await create_api_key(stack.database_url)
+        async with api(gateway.url, key) as c:
+            bike = await add(c, "User commutes by bike across the old town bridge", memory_type="fact")
+            first = (await c.post("/api/recall", json={"query": "How does the user commute across town?"})).json()
+            assert [r["id"] for r in first["search_results"]] == [bike]
+            again = (await c.post("/api/recall", json={"session_id": first["session_id"], "query": "How does the user commute across town?"})).json()
+            assert again["session_id"] == first["session_id"] and again["search_results"] == []
+    finally:
+        proc.stop()
+
+
 async def _wait_healthy(client: object) -> None:
     import asyncio
 

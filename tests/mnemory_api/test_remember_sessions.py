@@ -3,14 +3,18 @@ a stack of its own whose worker the test can hold down: {"accepted": true} comes
 the facts are stored by the worker through the job outbox, so a worker killed between the two
 loses nothing once a worker runs again; role sets the point of view; stored memories join the
 memory session (no echo on the next recall); REMEMBER_RATE_LIMIT; sessions list, get, delete
-(delete_memories) and consolidate; two keys never see each other's sessions."""
+(delete_memories) and consolidate; two keys never see each other's sessions. The stack has an
+LLM (a fake OpenAI-compatible server here): /api/memories/find searches the sub-queries it
+writes; it answers extraction prompts with no JSON, so remember takes its deterministic path."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import signal
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -21,21 +25,71 @@ from tests.mnemory_api.helpers import api, eventually
 from tests.support import Stack, create_api_key, new_stack_config, unique
 
 RATE_LIMIT = 6
+# What the fake LLM answers a find prompt: a query that matches the memory the test stores.
+LLM_QUERY = "favourite kind of tea"
+
+
+class _FakeLlm(BaseHTTPRequestHandler):
+    """/chat/completions: sub-queries for a find prompt, prose (no JSON) for anything else."""
+
+    prompts: list[str] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - the http.server hook's name
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        system = body["messages"][0]["content"]
+        _FakeLlm.prompts.append(system)
+        answer = f"{LLM_QUERY}\nbeverages the user enjoys" if "search queries" in system else "Nothing to extract."
+        reply = json.dumps({"choices": [{"message": {"role": "assistant", "content": answer}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args: Any) -> None:
+        pass
 
 
 @pytest.fixture(scope="module")
 def own(stack: Stack, stack_dir: Path) -> Iterator[Stack]:
+    llm = ThreadingHTTPServer(("127.0.0.1", 0), _FakeLlm)
+    threading.Thread(target=llm.serve_forever, daemon=True).start()
     # restart=False: the test holds the worker down, then starts it.
     config = new_stack_config(stack_dir / "mnemory-remember", database_url=stack.database_url, restart=False)
-    config.extra_env = {**config.extra_env, "REMEMBER_RATE_LIMIT": str(RATE_LIMIT)}
+    config.extra_env = {**config.extra_env, "REMEMBER_RATE_LIMIT": str(RATE_LIMIT),
+                        "LLM_BASE_URL": f"http://127.0.0.1:{llm.server_address[1]}", "LLM_MODEL": "fake"}
     with Stack(config) as running:
         yield running
+    llm.shutdown()
+
+
+async def test_find_searches_the_llm_sub_queries(own: Stack) -> None:
+    key, _ = await create_api_key(own.database_url)
+    async with api(own.gateway_url, key) as c:
+        tea = (await c.post("/api/memories", json={"content": "User's favourite tea is a smoky lapsang souchong",
+                                                   "memory_type": "preference"})).json()["results"][0]["id"]
+        # The question alone matches nothing; the LLM's sub-query does.
+        question = {"question": "zqxj vprk wmbt?"}
+        assert not (await c.post("/api/memories/search", json={"query": question["question"]})).json()["results"]
+        found = (await c.post("/api/memories/find", json=question)).json()["results"]
+        assert [r["id"] for r in found] == [tea]
+        assert any("search queries" in p for p in _FakeLlm.prompts)
 
 
 async def _labelled(c: httpx.AsyncClient, marker: str) -> list[dict[str, Any]]:
     reply = await c.get("/api/memories", params={"labels": json.dumps({"conversation_id": marker})})
     results: list[dict[str, Any]] = reply.json()["results"]
     return results
+
+
+async def _stored(c: httpx.AsyncClient, marker: str, count: int) -> list[dict[str, Any]]:
+    """The conversation's memories once `count` of them are stored (the job stores them one by one)."""
+    async def enough() -> list[dict[str, Any]]:
+        found = await _labelled(c, marker)
+        return found if len(found) >= count else []
+
+    stored: list[dict[str, Any]] = await eventually(enough, timeout=180)
+    return stored
 
 
 def _exchange(marker: str, user: str, assistant: str, **extra: Any) -> dict[str, Any]:
@@ -59,7 +113,7 @@ async def test_worker_killed_between_accept_and_processing_loses_nothing(own: St
         await asyncio.sleep(3)
         assert await _labelled(c, marker) == []  # nobody is consuming: the job waits
         worker.start()
-        stored = await eventually(lambda: _labelled(c, marker), timeout=180)
+        stored = await _stored(c, marker, 2)
         contents = sorted(m["memory"] for m in stored)
         # role null without an agent: the user's statements only (the question and the system message are not facts).
         assert contents == ["User: I just moved to Berlin.", "User: I really love the lakes around the city."]
@@ -89,12 +143,12 @@ async def test_role_sets_the_point_of_view(own: Stack) -> None:
         assert (await agent.post("/api/remember", json=_exchange(
             as_agent, "Book me a train to Vienna please.", "I always recommend the night train for Vienna.", role="assistant",
         ))).json() == {"accepted": True}
-        stored = await eventually(lambda: _labelled(agent, as_agent), timeout=120)
+        stored = await _stored(agent, as_agent, 1)
         assert [(m["memory"], m["metadata"]["role"], m["metadata"].get("agent_id")) for m in stored] == [
             ("Assistant: I always recommend the night train for Vienna.", "assistant", "travel-bot")]
         both = unique("conv")
         await agent.post("/api/remember", json=_exchange(both, "My sister lives in Graz.", "I will suggest Graz stops from now on."))
-        stored = await eventually(lambda: _labelled(agent, both), timeout=120)
+        stored = await _stored(agent, both, 2)
         assert sorted(m["metadata"]["role"] for m in stored) == ["assistant", "user"]  # auto mode with an agent: both
 
 
