@@ -65,6 +65,9 @@ async def test_unmatched_paths_and_unknown_tools_never_become_label_values(stack
         for n in range(3):
             with pytest.raises(Exception):  # noqa: B017 - -32602 Unknown tool
                 await call(s, f"nope-{marker}-{n}", {})
+        # A caller's free text (session_rotate's reason) is no label value either.
+        rotated = await call(s, "session_rotate", {"reason": f"because-{marker}"})
+        assert rotated["ok"] is True
 
     catalog = set(TOOLS_BY_NAME) | {"other"}
     for service, url in service_urls(stack).items():
@@ -75,6 +78,8 @@ async def test_unmatched_paths_and_unknown_tools_never_become_label_values(stack
         tools = label_values(samples, ("engram_tool_call_duration_seconds_count", "engram_tool_errors_total",
                                        "engram_tool_calls_total", "mcp_tool_calls_total"), "tool")
         assert tools <= catalog, (service, tools - catalog)
+        everything = {v for (_name, labels) in samples for _k, v in labels}
+        assert not [v for v in everything if marker in v], service
     gateway = scrape(stack.gateway_url)
     assert value(gateway, "engram_http_requests_total", service="gateway", route="/mcp", status="401") >= 1
     # Unknown tools are timed, as "other".

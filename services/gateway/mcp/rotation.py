@@ -20,6 +20,7 @@ from services.gateway.core.scope import PRINCIPAL_SCOPE_KEY
 from services.gateway.core.state import gateway_state
 from services.gateway.core.wire import unauthorized
 from services.gateway.sessions import ActiveSession, Sessions
+from shared.metrics import OTHER
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,8 @@ def origin_allowed(origin: str, allowed: list[str]) -> bool:
 async def rotate(sessions: Sessions, session: ActiveSession, presented_id: str, reason: str) -> dict[str, Any]:
     new_id = await sessions.rotate(session, reason)
     old_id = presented_id
-    ROTATIONS.labels(reason).inc()
+    # The reason is the caller's free text: only the ones we name become a label value.
+    ROTATIONS.labels(reason if reason == DEFAULT_REASON else OTHER).inc()
     logger.info("session rotated (%s): %s -> %s", reason, old_id, new_id)
     return {
         "ok": True,
