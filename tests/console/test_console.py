@@ -432,7 +432,7 @@ async def test_logs_tail_level_and_search(logged_in: Console, stack: Stack) -> N
     # level: only that level's lines
     await page.select_option('#log-form select[name="level"]', "info")
     await page.click("#log-form button[type=submit]")
-    await expect(page.locator("#log-info")).to_contain_text("match")
+    await expect(page.locator("#log-info")).to_contain_text("shown")
     classes = await lines.evaluate_all("(els) => els.map((e) => e.className)")
     assert classes and all("info" in c for c in classes)
 
@@ -441,16 +441,43 @@ async def test_logs_tail_level_and_search(logged_in: Console, stack: Stack) -> N
     await page.select_option('#log-form select[name="file"]', "worker.log")
     await page.fill('#log-form input[name="search"]', "SUCCEEDED")
     await page.click("#log-form button[type=submit]")
-    await expect(lines.first).to_be_visible(timeout=30_000)
+    await expect(page.locator("#log-info")).to_contain_text("shown", timeout=30_000)
     texts = await lines.all_inner_texts()
     assert texts and all("succeeded" in t.lower() for t in texts)
     await expect(page.locator("#log-stats")).to_contain_text("today")
 
 
-async def test_views_render_without_script_errors(logged_in: Console) -> None:
-    for view in ("dashboard", "keys", "memory", "search", "sessions", "logs", "graph", "maintenance"):
+# A value the console printed instead of rendering ("null", "[object Object]").
+STRAY_TEXT = """[...document.querySelectorAll('#view, #view *')].flatMap((e) => [...e.childNodes])
+  .filter((n) => n.nodeType === Node.TEXT_NODE && /^(null|undefined|\\[object Object\\]|NaN)$/.test(n.textContent.trim()))
+  .map((n) => n.parentElement.outerHTML.slice(0, 120))"""
+
+
+async def test_views_render_without_script_errors_or_stray_values(logged_in: Console) -> None:
+    for view in ("dashboard", "keys", "memory", "search", "sessions?status=all", "logs", "graph", "maintenance"):
         await logged_in.open(view)
-        await expect(logged_in.page.locator(f'#view[data-view="{view}"]')).to_have_count(1)
+        name = view.split("?")[0]
+        await expect(logged_in.page.locator(f'#view[data-view="{name}"]')).to_have_count(1)
         await logged_in.page.wait_for_load_state("networkidle")
-        assert await logged_in.page.locator("#view > .error").count() == 0, view
+        assert await logged_in.page.locator("#view .error").count() == 0, view
+        assert await logged_in.page.evaluate(STRAY_TEXT) == [], view
     assert logged_in.errors == []
+
+
+async def test_logs_view_says_where_logs_are_when_the_gateway_logs_to_stdout(browser: Any, stack: Stack) -> None:
+    from tests.gateway.conftest import start_gateway
+
+    proc, gateway = start_gateway(stack, "gateway-stdout-logs", 9, {"LOG_DIR": ""})
+    try:
+        context = await browser.new_context()
+        page = await context.new_page()
+        await page.goto(gateway.url + ADMIN)
+        await page.fill("#master-key", stack.master_key)
+        await page.click("#login-form button[type=submit]")
+        await expect(page.locator("nav.sidebar")).to_be_visible()
+        await page.goto(gateway.url + ADMIN + "#/logs")
+        await expect(page.locator("#logs-note")).to_contain_text("LOG_DIR")
+        await expect(page.locator("#log-lines .line")).to_have_count(0)
+        await context.close()
+    finally:
+        proc.stop()

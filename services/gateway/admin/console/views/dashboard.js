@@ -1,7 +1,7 @@
 // Dashboard: GET /stats (fragments, API calls, system metrics, searchMetrics, observability,
 // queues, healthFlags) and GET /activity (the 10 latest fragments), refreshed every 5 s.
 import { api } from "../lib/api.js";
-import { anyValue, card, fmtTime, h, preview, replace, rowsOf, short, table, tile } from "../lib/dom.js";
+import { anyValue, card, fmtBytes, fmtTime, h, preview, replace, rowsOf, short, table, tile } from "../lib/dom.js";
 
 export const REFRESH_MS = 5000;
 
@@ -13,12 +13,33 @@ function healthFlags(flags) {
   return h("ul.flags", { id: "health-flags" }, list.map((f) => h("li.flag", typeof f === "string" ? f : JSON.stringify(f))));
 }
 
+function duration(seconds) {
+  const s = Math.max(0, Math.floor(Number(seconds) || 0));
+  const d = Math.floor(s / 86400);
+  const hh = Math.floor((s % 86400) / 3600);
+  const mm = Math.floor((s % 3600) / 60);
+  return d ? `${d}d ${hh}h` : hh ? `${hh}h ${String(mm).padStart(2, "0")}m` : `${mm}m ${String(s % 60).padStart(2, "0")}s`;
+}
+
+/** cpu / memory / disk as meters (percent), anything else of the section as a value. */
+function systemView(system) {
+  return h("div.meters", Object.entries(system ?? {}).map(([name, value]) => {
+    if (typeof value === "number" && ["cpu", "memory", "disk"].includes(name)) {
+      const level = value >= 90 ? "bad" : value >= 75 ? "warn" : "ok";
+      return h("div.meter-row", h("span.meter-label", name), h("meter", { min: 0, max: 100, low: 75, high: 90, optimum: 0, value, class: level }), h("span", `${value}%`));
+    }
+    return h("div.meter-row", h("span.meter-label", name), h("span", /bytes$/i.test(name) ? fmtBytes(value) : String(value ?? "—")));
+  }));
+}
+
 function statsView(stats) {
   const tiles = [];
   const sections = [];
   for (const [name, value] of Object.entries(stats ?? {})) {
     if (name === "healthFlags") continue;
-    if (isScalar(value)) tiles.push(tile(name, value));
+    if (name === "uptime" && typeof value === "number") tiles.push(tile(name, duration(value)));
+    else if (isScalar(value)) tiles.push(tile(name, value));
+    else if (name === "system") sections.push(card(name, systemView(value)));
     else sections.push(card(name, anyValue(value)));
   }
   return [

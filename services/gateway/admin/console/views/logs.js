@@ -26,7 +26,8 @@ export async function render(root, { alive }) {
   const filesData = await api("GET", "/logs/files");
   if (!alive()) return;
   const files = rowsOf(filesData, "files");
-  const note = !Array.isArray(filesData) && filesData && (filesData.message ?? filesData.note ?? filesData.reason);
+  // A deployment that logs to stdout (no LOG_DIR) answers enabled: false and says where they are.
+  const note = filesData && typeof filesData.message === "string" && filesData.message ? filesData.message : null;
   const fileName = (f) => (typeof f === "string" ? f : f.name ?? f.file);
   const fileSelect = select("file", files.map((f) => [fileName(f), typeof f === "string" ? f : `${fileName(f)} (${fmtBytes(f.size ?? f.bytes)})`]), fileName(files.find((f) => /gateway/.test(fileName(f))) ?? files[0] ?? ""));
   const tail = select("tail", TAILS.map((n) => [n, `last ${n} lines`]), 200);
@@ -40,8 +41,9 @@ export async function render(root, { alive }) {
     field("File", fileSelect), field("Tail", tail), field("Level", level), field("Search", search),
     h("label.check", follow, "follow"), h("button.primary", { type: "submit" }, "Read"));
 
-  async function read() {
+  async function read({ quiet = false } = {}) {
     if (!fileSelect.value) return;
+    if (!quiet) { info.textContent = "reading…"; replace(output); }  // a follow re-read keeps the view steady
     const data = await api("GET", "/logs/read", { query: { file: fileSelect.value, tail: tail.value, level: level.value, search: search.value.trim() } });
     if (!alive()) return;
     const lines = rowsOf(data, "lines", "entries");
@@ -51,13 +53,10 @@ export async function render(root, { alive }) {
     output.scrollTop = output.scrollHeight;
   }
   form.addEventListener("submit", (e) => { e.preventDefault(); read().catch((err) => replace(output, h("div.error", err.message))); });
-  root.append(
-    note ? h("p.notice", { id: "logs-note" }, String(note)) : null,
-    card("read", form, info, output),
-    card("statistics", statsBox),
-  );
+  if (note) root.append(h("p.notice", { id: "logs-note" }, note));
+  root.append(card("read", form, info, output), card("statistics", statsBox));
   api("GET", "/logs/stats").then((s) => alive() && replace(statsBox, anyValue(s))).catch((e) => alive() && replace(statsBox, h("div.error", e.message)));
   if (files.length) await read();
-  const timer = setInterval(() => { if (follow.checked) read().catch(() => {}); }, FOLLOW_MS);
+  const timer = setInterval(() => { if (follow.checked) read({ quiet: true }).catch(() => {}); }, FOLLOW_MS);
   return () => clearInterval(timer);
 }

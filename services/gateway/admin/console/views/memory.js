@@ -30,7 +30,7 @@ export async function render(root, { query, navigate, alive }) {
 
   const topic = h("input", { name: "topic", value: filters.topic, placeholder: "any" });
   const type = select("type", [["", "any"], ...TYPES.map((t) => [t, t])], filters.type);
-  const key = select("key_id", [["", "any"], ...keys.map((k) => [k.id, k.name])], filters.key_id);
+  const key = select("key_id", [["", "any"], ["master", "the master key's own"], ...keys.map((k) => [k.id, k.name])], filters.key_id);
   const workspace = h("input", { name: "workspace", value: filters.workspace, placeholder: "any" });
   const limit = select("limit", [...new Set([...LIMITS, filters.limit])].sort((a, b) => a - b).map((n) => [n, String(n)]), filters.limit);
   const form = h("form.filters", { id: "fragment-filters" },
