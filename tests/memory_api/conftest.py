@@ -94,7 +94,7 @@ class FakeLLM:
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["content-length"])))
                 fake.requests.append({"path": self.path, "body": body, "auth": self.headers.get("authorization")})
                 system = body["messages"][0]["content"]
@@ -146,13 +146,13 @@ def llm_gateway(stack: Stack, fake_llm: FakeLLM) -> Iterator[str]:
     """An ingest whose LLM is the fake, and a gateway (OpenAPI on) forwarding writes to it;
     same database and recall as the stack. Returns the gateway's URL."""
     ingest_port, gateway_port = free_port(), free_port()
-    ingest = stack._uvicorn(  # noqa: SLF001 - the same launcher the stack uses
+    ingest = stack._uvicorn(
         "ingest-llm", "services.ingest.app", ingest_port,
         {"LLM_BASE_URL": fake_llm.url, "LLM_API_KEY": "fake-key", "LLM_MODEL": "fake-model", "GEMINI_TIMEOUT_MS": "5000"},
     )
     ingest.start()
     _wait_healthy(ingest, f"http://127.0.0.1:{ingest_port}")
-    gateway = stack._uvicorn(  # noqa: SLF001
+    gateway = stack._uvicorn(
         "gateway-llm", "services.gateway.app", gateway_port,
         {"MEMENTO_ACCESS_KEY": stack.master_key, "RECALL_URL": ",".join(stack.recall_urls),
          "INGEST_URL": f"http://127.0.0.1:{ingest_port}", "ENABLE_OPENAPI": "true"},
