@@ -96,6 +96,7 @@ async def test_session_continues_on_another_replica_and_after_a_restart(
             on_b = (await b.post("/api/recall", json={"session_id": session_id, **query})).json()
         assert on_b["session_id"] == session_id and on_b["search_results"] == [] and on_b["stats"]["known_skipped"] >= 1
 
+        await redis.expire(f"engram:mnemory:session:{session_id}", 100)  # as if idle almost a day
         proc_a.stop()
         proc_a.start()  # the same replica, restarted: nothing of the session was in its process
         restarted = Gateway(gw_a.url, gw_a.log_path, gw_a.master_key)
@@ -104,7 +105,9 @@ async def test_session_continues_on_another_replica_and_after_a_restart(
             piano = await add(a2, "User also plays the piano at home on weekends", memory_type="fact")
             after = (await a2.post("/api/recall", json={"session_id": session_id, **query})).json()
         assert after["session_id"] == session_id and [r["id"] for r in after["search_results"]] == [piano]
-        assert await redis.ttl(f"engram:mnemory:session:{session_id}") > DEFAULT_TTL - 120  # prolonged by the call
+        # The call prolonged the idle timer back to the full TTL, the known-id set's too.
+        assert await redis.ttl(f"engram:mnemory:session:{session_id}") > DEFAULT_TTL - 120
+        assert await redis.ttl(f"engram:mnemory:session:{session_id}:known") > DEFAULT_TTL - 120
     finally:
         await redis.aclose()
 

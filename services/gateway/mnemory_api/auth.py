@@ -110,9 +110,15 @@ async def _jwt_caller(request: Request, token: str, agent: str | None) -> Mnemor
         raise HTTPException(status_code=401, detail="Invalid token: agent_id claim must be a string")
     if claim_agent and agent and claim_agent != agent:
         raise HTTPException(status_code=401, detail="X-Agent-Id does not match JWT agent_id claim")
-    principal = await gateway_state(request).authenticator.principal_for_key(key_id)
-    if principal is None or principal.is_master:  # a token never stands for the master key
+    state = gateway_state(request)
+    principal = await state.authenticator.principal_for_key(key_id)
+    if principal is None or principal.is_master or principal.key_id is None:  # a token never stands for the master key
         raise HTTPException(status_code=401, detail="Invalid token: its key is unknown, inactive or deleted")
+    # The front door meters a request per key only for the keys it resolves; a token's key is
+    # known from here on, so it is counted in the same per-key window.
+    allowed, retry = await state.limiter.hit("key", principal.key_id, state.settings.key_rate_limit_per_min)
+    if not allowed:
+        raise HTTPException(status_code=429, detail="Too Many Requests", headers={"Retry-After": str(retry)})
     return MnemoryCaller(principal, claim_agent or agent)
 
 
