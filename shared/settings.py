@@ -113,6 +113,11 @@ class EmbeddingSettings(BaseSettings):
     # (shared/embeddings/model.py).
     backend: Literal["auto", "onnx", "onnx-int8", "openvino", "torch"] = Field("auto", alias="EMBEDDING_BACKEND")
     model_path: str | None = Field(None, alias="EMBEDDING_MODEL_PATH")
+    # SHA-256 of an own model's files (EMBEDDING_MODEL_PATH): its ONNX export (or, for torch,
+    # model.safetensors) and tokenizer.json. Unset, the bundled model's pins in
+    # shared/embeddings/model.py apply; a file that differs is refused at load.
+    model_sha256: str | None = Field(None, alias="EMBEDDING_MODEL_SHA256")
+    tokenizer_sha256: str | None = Field(None, alias="EMBEDDING_TOKENIZER_SHA256")
     cache_dir: str = Field(".data/models", alias="EMBEDDING_CACHE_DIR")
     dimensions: int = Field(384, alias="EMBEDDING_DIMENSIONS")
     # Texts per model run (length-sorted first); unset, each backend's measured best

@@ -21,7 +21,7 @@ from services.recall.service import ReadResources
 from shared.db import create_pool
 from shared.domain.keywords import korean_morphemes
 from shared.domain.tokens import TokenCounter
-from shared.embeddings import load_embedder, model_dir
+from shared.embeddings import load_embedder, tokenizer_file
 from shared.redis_breaker import request_path_redis
 from shared.settings import RecallSettings
 from shared.telemetry import configure_telemetry
@@ -44,7 +44,7 @@ def create_app(settings: RecallSettings | None = None) -> FastAPI:
         embedder = await anyio.to_thread.run_sync(functools.partial(load_embedder, latency=True))
         # Load the Korean analyser now rather than on the first Korean query (~2 s).
         await anyio.to_thread.run_sync(korean_morphemes, "한국어")
-        tokens = TokenCounter(model_dir() / "tokenizer.json")
+        tokens = TokenCounter(tokenizer_file())
         redis = request_path_redis(settings.redis_url, settings) if settings.redis_active else None
         # Pod name (k8s) or host, plus port (several replicas on one dev host).
         effects = SideEffects(pool, redis, replica=f"{socket.gethostname()}-{settings.port}")

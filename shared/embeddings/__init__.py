@@ -24,6 +24,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from shared.embeddings.model import Embedder, load_embedder, model_dir
+from shared.embeddings.model import Embedder, ModelIntegrityError, load_embedder, model_dir, tokenizer_file
 
-__all__ = ["Embedder", "load_embedder", "model_dir"]
+__all__ = ["Embedder", "ModelIntegrityError", "load_embedder", "model_dir", "tokenizer_file"]

