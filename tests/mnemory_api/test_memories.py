@@ -206,3 +206,25 @@ async def test_openapi_and_docs_are_public_operations_are_not(stack: Stack) -> N
     async with api(stack.gateway_url, read_only, header="bearer") as c:
         assert (await c.get("/api/memories")).status_code == 200
         assert (await c.post("/api/memories", json={"content": "A read-only key cannot write this"})).status_code == 403
+
+
+async def test_agent_scope_and_agent_sections_of_core(stack: Stack) -> None:
+    key, _ = await create_api_key(stack.database_url)
+    async with api(stack.gateway_url, key) as shared, api(stack.gateway_url, key, agent="bot-a") as a, \
+            api(stack.gateway_url, key, agent="bot-b") as b:
+        common = await add(shared, "User's name is Dana and she works as a nurse", memory_type="fact", pinned=True)
+        identity = await add(a, "I am Bot A, a concise travel planner", memory_type="fact", role="assistant", pinned=True)
+        rule = await add(a, "Always quote train prices in euros for the user", memory_type="procedural", pinned=True)
+        core = (await a.get("/api/memories/core", params={"include_stats": "true"})).json()
+        assert core["stats"]["sections"]["agent_identity"] == [identity]
+        assert core["stats"]["sections"]["agent_instructions"] == [rule]
+        assert core["stats"]["sections"]["user_facts"] == [common]
+        assert core["text"].startswith("## Agent Identity\n- I am Bot A") and core["stats"]["by_role"] == {"assistant": 1, "user": 2}
+        # bot-b sees the shared memory and none of bot-a's; without X-Agent-Id every memory of the key is listed.
+        assert [m["id"] for m in (await b.get("/api/memories")).json()["results"]] == [common]
+        assert {m["id"] for m in (await shared.get("/api/memories")).json()["results"]} == {common, identity, rule}
+        assert (await b.put(f"/api/memories/{rule}", json={"importance": "low"})).status_code == 404
+        assert (await b.delete(f"/api/memories/{identity}")).status_code == 404
+        assert (await b.put(f"/api/memories/{common}", json={"agent_id": "bot-a"})).status_code == 403
+        moved = await a.put(f"/api/memories/{common}", json={"agent_id": "bot-a"})
+        assert moved.status_code == 200 and [m["id"] for m in (await b.get("/api/memories")).json()["results"]] == []
