@@ -51,7 +51,7 @@ def jwt_gateway(stack: Stack, signing_key: ec.EllipticCurvePrivateKey, tmp_path_
 class _Jwks(BaseHTTPRequestHandler):
     body = b"{}"
 
-    def do_GET(self) -> None:  # noqa: N802 - the http.server hook's name
+    def do_GET(self) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.end_headers()
@@ -141,7 +141,7 @@ async def test_token_of_an_inactive_key_is_refused(stack: Stack, jwt_gateway: Ga
 
 
 async def test_jwks_url_verifies_tokens(stack: Stack, jwks_gateway: Gateway, signing_key: ec.EllipticCurvePrivateKey) -> None:
-    key, key_id = await create_api_key(stack.database_url)
+    _, key_id = await create_api_key(stack.database_url)
     async with api(jwks_gateway.url, _token(signing_key, key_id, headers={"kid": "k1"}), header="bearer") as c:
         assert (await c.get("/api/memories")).status_code == 200
     other = ec.generate_private_key(ec.SECP256R1())

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 import pytest
@@ -32,9 +32,9 @@ LLM_QUERY = "favourite kind of tea"
 class _FakeLlm(BaseHTTPRequestHandler):
     """/chat/completions: sub-queries for a find prompt, prose (no JSON) for anything else."""
 
-    prompts: list[str] = []
+    prompts: ClassVar[list[str]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 - the http.server hook's name
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
         system = body["messages"][0]["content"]
         _FakeLlm.prompts.append(system)
