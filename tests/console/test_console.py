@@ -369,6 +369,12 @@ async def test_sessions_list_detail_reflect_and_end(logged_in: Console, stack: S
     async with admin_client(stack) as http:
         detail = (await http.get(f"/sessions/{mine['sessionId']}")).json()
     assert detail["status"] == "ended"
+    # The list's own actions: clean up expired sessions, reflect every unreflected one.
+    await logged_in.open("sessions?status=all")
+    await page.click("#cleanup-sessions")
+    await expect(page.locator("#sessions-status")).to_contain_text("Cleanup completed")
+    await page.click("#reflect-all")
+    await expect(page.locator("#sessions-status")).to_contain_text("Reflect queued for")
 
 
 async def test_consolidation_run_and_its_stage_report(logged_in: Console) -> None:
@@ -428,6 +434,12 @@ async def test_logs_tail_level_and_search(logged_in: Console, stack: Stack) -> N
     await expect(lines.first).to_be_visible()
     assert await lines.count() >= min(len(expected), 1)
     await logged_in.shot("logs")
+
+    # tail: at most that many of the latest entries
+    await page.select_option('#log-form select[name="tail"]', "100")
+    await page.click("#log-form button[type=submit]")
+    await expect(page.locator("#log-info")).to_contain_text("shown")
+    assert 1 <= await lines.count() <= 100
 
     # level: only that level's lines
     await page.select_option('#log-form select[name="level"]', "info")

@@ -48,12 +48,17 @@ export function forceLayout(count, links, { width = 1000, height = 700, iteratio
   return pos;
 }
 
-/** The box around the points, padded, as an SVG viewBox. */
-export function fitBox(points, pad = 40) {
-  if (!points.length) return [0, 0, 100, 100];
+/** The box around the points as an SVG viewBox: padded (labels run to the right of their
+ * node) and never smaller than minW x minH, so a small graph is not blown up. */
+export function fitBox(points, { pad = 40, labelRoom = 200, minW = 700, minH = 460 } = {}) {
+  if (!points.length) return [0, 0, minW, minH];
   const xs = points.map((p) => p.x);
   const ys = points.map((p) => p.y);
-  const minX = Math.min(...xs) - pad;
-  const minY = Math.min(...ys) - pad;
-  return [minX, minY, Math.max(...xs) + pad - minX, Math.max(...ys) + pad - minY];
+  let x = Math.min(...xs) - pad;
+  let y = Math.min(...ys) - pad;
+  let w = Math.max(...xs) + labelRoom - x;
+  let hh = Math.max(...ys) + pad - y;
+  if (w < minW) { x -= (minW - w) / 2; w = minW; }
+  if (hh < minH) { y -= (minH - hh) / 2; hh = minH; }
+  return [x, y, w, hh];
 }
