@@ -18,7 +18,7 @@ import asyncpg
 from fastapi import Request
 
 from services.common.internal import ToolContext
-from services.ingest.service import WriteResources, after_commit, invalidate_recall_cache, resolve_workspace
+from services.ingest.service import WriteResources, after_commit, invalidate_recall_cache, lock_quota, resolve_workspace
 from shared.domain import fragment as frag
 from shared.domain import memory_banks as banks
 from shared.domain.memory_banks import MemoryApiError, not_found
@@ -165,6 +165,9 @@ async def create_entry(res: WriteResources, ctx: ToolContext, args: dict[str, An
     jobs = res.job_buffer()
     async with res.pool.acquire() as conn, conn.transaction():
         namespace = await _namespace(conn, ctx.principal, args["namespaceId"], lock=True)
+        quota = await lock_quota(conn, ctx.principal, 1)
+        if quota is not None and quota["remaining"] < 0:
+            raise MemoryApiError(403, f"fragment_limit_exceeded: this key holds its limit of {quota['limit']} fragments")
         await entries_repo.insert_entries(conn, [fragment], [namespace["id"]], [fields["metadata"]], [None])
         await ns_repo.touch(conn, [namespace["id"]])
         await jobs.record(conn, "maintenance.link_new_fragments", fragment_ids=[fragment.id])

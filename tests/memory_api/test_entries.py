@@ -3,9 +3,11 @@ partial PUT, delete / clear, bulk delete and move, byte limits, secrets."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
-from tests.memory_api.conftest import API, Tenant
+from tests.memory_api.conftest import API, Tenant, client
+from tests.support import create_api_key
 
 
 async def test_create_requires_source_and_refuses_misspelt_enums(tenant: Tenant) -> None:
@@ -123,3 +125,20 @@ async def test_bulk_delete_and_move(tenant: Tenant) -> None:
         kept = moved[original["id"]]
         assert kept == {**original, "namespaceId": target}  # id, content, source, tags, metadata, timestamps
     assert [e["id"] for e in (await tenant.client.get(f"{API}/namespaces/{source}/entries")).json()] == [ids[3]]
+
+
+async def test_the_key_fragment_quota_holds(stack) -> None:
+    key, _ = await create_api_key(stack.database_url, fragment_limit=2)
+    async with client(stack.gateway_url, key) as http:
+        tenant = Tenant(key, None, http)
+        ns = (await tenant.namespace())["id"]
+        await tenant.entry(ns, "First entry within the quota.")
+        await tenant.entry(ns, "Second entry within the quota.")
+        over = await http.post(f"{API}/namespaces/{ns}/entries", json={"content": "One too many.", "source": "manual"})
+        assert over.status_code == 403 and "fragment_limit" in over.json()["message"]
+        document = {"version": 1, "namespaces": [{"namespace": {"name": "more", "description": ""},
+                                                  "entries": [{"content": "Also too many.", "source": "auto"}]}]}
+        refused = await http.post(f"{API}/import", json={"data": json.dumps(document)})
+        assert refused.status_code == 403
+        assert len((await http.get(f"{API}/namespaces/{ns}/entries")).json()) == 2
+        assert "more" not in [n["name"] for n in (await http.get(f"{API}/namespaces")).json()]

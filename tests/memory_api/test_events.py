@@ -55,10 +55,15 @@ class Sse:
     comments: list[str] = field(default_factory=list)
 
     async def next_event(self) -> dict[str, Any]:
-        """The next frame that has an event name: {"id", "event", "data"}."""
+        """The next frame that has an event name: {"id", "event", "data"} (keep-alives
+        between are read past, within one deadline)."""
+        async with asyncio.timeout(WAIT):
+            return await self._next_event()
+
+    async def _next_event(self) -> dict[str, Any]:
         frame: dict[str, Any] = {}
         while True:
-            line = await asyncio.wait_for(anext(self.lines), WAIT)
+            line = await anext(self.lines)
             if line.startswith(":"):
                 self.comments.append(line[1:].strip())
             elif line.startswith("id:"):
@@ -101,6 +106,14 @@ async def namespace_of(stack: Stack, fragment_id: str) -> str:
         return str(await conn.fetchval("SELECT namespace_id FROM fragments WHERE id = $1", fragment_id))
     finally:
         await conn.close()
+
+
+async def admin_import(stack: Stack, items: list[dict[str, Any]], key_id: str) -> None:
+    """The admin API's import (a JSON array, every item into key_id's tenant)."""
+    async with httpx.AsyncClient(timeout=WAIT) as http:
+        reply = await http.post(f"{stack.gateway_url}{ADMIN}/import", params={"key_id": key_id}, json=items,
+                                headers={"Authorization": f"Bearer {stack.master_key}"})
+    assert reply.status_code == 200 and reply.json()["imported"] == len(items), reply.text
 
 
 def fact(topic: str, text: str) -> dict[str, Any]:
@@ -203,11 +216,8 @@ async def test_each_key_sees_only_its_tenant_and_the_master_sees_both(stack: Sta
         while not {ns_a, ns_b} <= seen:
             seen.add((await sse_master.next_event())["data"]["namespaceId"])
         # The third tenant's first event is its own (written after the others'), not theirs.
-        async with httpx.AsyncClient(timeout=WAIT) as http:
-            item = {"id": unique("own"), "content": "The read-only tenant's own imported note", "topic": unique("bank"), "type": "fact"}
-            reply = await http.post(f"{stack.gateway_url}{ADMIN}/import", json={"fragments": [item], "keyId": reader_id},
-                                    headers={"Authorization": f"Bearer {stack.master_key}"})
-            assert reply.status_code == 200, reply.text
+        item = {"id": unique("own"), "content": "The read-only tenant's own imported note", "topic": unique("bank"), "type": "fact"}
+        await admin_import(stack, [item], reader_id)
         assert kinds(await sse_reader.events(2)) == created(await namespace_of(stack, item["id"]))
 
 
@@ -216,10 +226,8 @@ async def test_forget_import_and_consolidation_publish(stack: Stack, replica: Ga
     topic = unique("bank")
     text = "Imported twice on purpose so that consolidation merges the copies"
     items = [{"id": unique("imp"), "content": text, "topic": topic, "type": "fact"} for _ in range(2)]
-    async with subscribe(replica.url, key) as sse, httpx.AsyncClient(timeout=WAIT) as http:
-        reply = await http.post(f"{stack.gateway_url}{ADMIN}/import", json={"fragments": items, "keyId": key_id},
-                                headers={"Authorization": f"Bearer {stack.master_key}"})
-        assert reply.status_code == 200, reply.text
+    async with subscribe(replica.url, key) as sse:
+        await admin_import(stack, items, key_id)
         ns = await namespace_of(stack, items[0]["id"])
         imported = await sse.events(2)
         assert kinds(imported) == created(ns)  # one entries-changed for both entries
