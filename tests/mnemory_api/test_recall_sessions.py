@@ -126,6 +126,25 @@ async def test_without_redis_sessions_live_in_the_gateway_process(stack: Stack) 
         proc.stop()
 
 
+async def test_recall_degrades_to_an_empty_answer_when_recall_is_down(stack: Stack) -> None:
+    """reference 004: find fails -> search -> core only -> empty response; never an error."""
+    from services.stack.supervisor import free_port
+
+    proc, gateway = start_gateway(stack, "gateway-mnemory-norecall", 11, {"RECALL_URL": f"http://127.0.0.1:{free_port()}"},
+                                  require_healthy=False)
+    try:
+        key, _ = await create_api_key(stack.database_url)
+        async with api(gateway.url, key) as c:
+            reply = await c.post("/api/recall", json={"query": "anything about the user?", "include_instructions": True})
+            assert reply.status_code == 200, reply.text
+            body = reply.json()
+            assert body["session_id"].startswith("ses_") and body["instructions"]
+            assert body["core_memories"] is None and body["search_results"] == [] and body["stats"]["search_count"] == 0
+            assert (await c.post("/api/memories/search", json={"query": "x"})).status_code == 503  # the plain endpoint says so
+    finally:
+        proc.stop()
+
+
 async def _wait_healthy(client: object) -> None:
     import asyncio
 
