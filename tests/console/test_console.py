@@ -386,12 +386,32 @@ async def test_consolidation_run_and_its_stage_report(logged_in: Console) -> Non
     await page.click("details.stages > summary")
     for stage in chosen:
         await page.check(f'#consolidation-stages input[value="{stage}"]')
+
+    # The first two polls answer "running" with the worker's progress shape (the real cycle of
+    # three small stages finishes too fast to be seen), then the real answers come through.
+    polls = 0
+
+    async def first_polls_running(route: Any) -> None:
+        nonlocal polls
+        polls += 1
+        if polls > 2:
+            await route.continue_()
+            return
+        response = await route.fetch()
+        run = await response.json()
+        progress = {"stage": "passage_backfill", "done": 1, "total": 3, "stages": {"embedding_backfill": {"processed": 0}}}
+        await route.fulfill(response=response, json={**run, "status": "running", "finishedAt": None, "result": None, "progress": progress})
+
+    await page.route(re.compile(r".*/maintenance/runs/\d+$"), first_polls_running)
     await page.click("#run-consolidation")
+    await expect(page.locator("#run-progress")).to_contain_text("2 of 3 · stage passage_backfill")
     report = page.locator("#run-report")
     await expect(report).to_have_attribute("data-status", "succeeded", timeout=180_000)
     for stage in chosen:
         await expect(report.locator("tbody tr", has_text=stage)).to_have_count(1)
     await expect(report.locator("tbody tr", has_text="semantic_dedup")).to_have_count(0)
+    await expect(page.locator("#run-progress")).to_have_count(0)
+    assert polls > 2
     await expect(report).to_contain_text("consolidate")
     await logged_in.shot("maintenance-consolidation")
     # The run is in the runs list and opens the same report from there.

@@ -12,7 +12,7 @@ export const STAGES = [
   "embedding_backfill", "passage_backfill", "ttl_tiers", "importance_decay", "activation_decay", "expiry_gc", "exact_dedup",
   "semantic_dedup", "contradictions", "supersession", "co_retrieval", "session_cleanup", "anomalies",
 ];
-const DONE = new Set(["succeeded", "failed", "cancelled", "canceled"]);
+const DONE = new Set(["succeeded", "failed", "skipped", "cancelled", "canceled"]);
 
 export const paths = {
   startConsolidation: "/maintenance/consolidation",
@@ -20,13 +20,25 @@ export const paths = {
 
 function say(box, text, kind = "ok") { replace(box, h(`p.${kind}`, { role: kind === "error" ? "alert" : "status" }, text)); }
 
+/** A running job's progress row: consolidation {stage, done, total}, fsck {phase, phaseIndex, phases, fragments, issues}. */
+function progressView(p) {
+  const done = p.done ?? (p.phaseIndex != null ? p.phaseIndex - 1 : null);
+  const total = p.total ?? p.phases ?? null;
+  const what = p.stage ? `stage ${p.stage}` : p.phase ? `phase ${p.phase}` : null;
+  const counts = [p.fragments != null ? `${p.fragments} fragments` : null, p.issues != null ? `${p.issues} issues so far` : null].filter(Boolean).join(" · ");
+  return h("div.progress", { id: "run-progress" },
+    total ? h("progress", { max: total, value: Math.max(0, done ?? 0) }) : null,
+    h("span", [total && done != null ? `${done + 1} of ${total}` : null, what, counts].filter(Boolean).join(" · ") || JSON.stringify(p)),
+  );
+}
+
 function stageReport(run, id = "run-report") {
   const stages = run?.result?.stages ?? {};
   const rows = Object.entries(stages).map(([name, stage]) => ({ name, ...(stage && typeof stage === "object" ? stage : { value: stage }) }));
   const header = h("p", { class: `run-status status-${run.status}` },
     `Run ${run.runId} · ${run.job} · ${run.tenant ?? ""} · ${run.status}`,
     run.startedAt ? ` · started ${fmtTime(run.startedAt)}` : "", run.finishedAt ? ` · finished ${fmtTime(run.finishedAt)}` : "");
-  const progress = !DONE.has(run.status) && run.progress ? h("div.progress", anyValue(run.progress)) : null;
+  const progress = !DONE.has(run.status) && run.progress ? progressView(run.progress) : null;
   return h("div.run-report", { id, dataset: { runId: run.runId, status: run.status } },
     header,
     run.error ? h("p.error", run.error) : null,
