@@ -9,9 +9,11 @@ SEARCH_PATH = "agent_memory,public"
 
 
 async def create_pool(
-    dsn: str, *, min_size: int = 1, max_size: int = 10, session_sql: str | None = None
+    dsn: str, *, min_size: int = 1, max_size: int = 10, session_sql: str | None = None,
+    server_settings: dict[str, str] | None = None,
 ) -> asyncpg.Pool:
-    """session_sql runs once on every new connection (per-service planner settings)."""
+    """session_sql runs once on every new connection (per-service planner settings);
+    server_settings are more startup parameters (they outlive the pool's RESET ALL)."""
 
     async def init(conn: asyncpg.Connection) -> None:
         await register_vector(conn)
@@ -23,7 +25,7 @@ async def create_pool(
         min_size=min_size,
         max_size=max_size,
         init=init,
-        server_settings={"search_path": SEARCH_PATH, "application_name": "engram"},
+        server_settings={"search_path": SEARCH_PATH, "application_name": "engram", **(server_settings or {})},
         command_timeout=30,
         # A new connection to a Postgres that hangs (network partition, a host gone) fails
         # after this instead of asyncpg's 60 s default, so callers answer 503 while it is away.

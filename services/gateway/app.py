@@ -32,11 +32,11 @@ from services.gateway.core.limits import RateLimiter
 from services.gateway.core.state import STATE_ATTRIBUTE, GatewayState, state_of
 from services.gateway.core.usage import DailyCalls
 from services.gateway.mcp import rotation
-from services.gateway.memory_api import events as memory_events_api
-from services.gateway.memory_api import routes as memory_api_routes
 from services.gateway.mcp.modes import MODES
 from services.gateway.mcp.server import McpHandler
 from services.gateway.mcp.transports import Transports
+from services.gateway.memory_api import events as memory_events_api
+from services.gateway.memory_api import routes as memory_api_routes
 from services.gateway.mnemory_api import artifacts as mnemory_artifacts
 from services.gateway.mnemory_api import install as install_mnemory_api
 from services.gateway.oauth.service import OAuthService, install_oauth
