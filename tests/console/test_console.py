@@ -132,8 +132,9 @@ async def test_dashboard_shows_the_stats_and_refreshes_them(logged_in: Console, 
         stats = (await http.get("/stats")).json()
     shown = int((await tile.inner_text()).replace(",", ""))
     assert shown >= stats["fragments"] - 5  # other tests may write meanwhile; never fewer than were there
-    for section in ("system", "queues", "searchMetrics", "observability"):
+    for section in ("system", "queues", "search metrics", "observability"):
         await expect(page.locator(".card h3", has_text=re.compile(f"^{section}$", re.I))).to_have_count(1)
+    await expect(page.locator("#stats .meter-row meter")).to_have_count(3)  # cpu, memory, disk
     await expect(page.locator("#health-flags")).to_be_visible()
     await expect(page.locator("#activity table tbody tr").first).to_be_visible()
     await logged_in.shot("dashboard")

@@ -98,6 +98,11 @@ function scalar(value) {
   return String(value);
 }
 
+/** A ratio field (…Rate, …_rate, avgRelevance-like 0..1 figures named rate) shown as a percent. */
+function isRate(name, value) {
+  return typeof value === "number" && value >= 0 && value <= 1 && /rate$/i.test(String(name));
+}
+
 function isScalar(value) {
   return value === null || value === undefined || ["string", "number", "boolean"].includes(typeof value);
 }
@@ -152,7 +157,7 @@ export function anyValue(value, depth = 0) {
   if (depth > 2) return h("pre.json", JSON.stringify(value, null, 2));
   const entries = Object.entries(value ?? {});
   if (!entries.length) return h("span.muted", "none");
-  return h("dl.kv", entries.map(([k, v]) => [h("dt", label(k)), h("dd", anyValue(v, depth + 1))]));
+  return h("dl.kv", entries.map(([k, v]) => [h("dt", label(k)), h("dd", isRate(k, v) ? h("span.value", `${(v * 100).toFixed(1)}%`) : anyValue(v, depth + 1))]));
 }
 
 export function card(title, ...children) {

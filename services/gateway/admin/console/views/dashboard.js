@@ -1,7 +1,7 @@
 // Dashboard: GET /stats (fragments, API calls, system metrics, searchMetrics, observability,
 // queues, healthFlags) and GET /activity (the 10 latest fragments), refreshed every 5 s.
 import { api } from "../lib/api.js";
-import { anyValue, card, fmtBytes, fmtTime, h, preview, replace, rowsOf, short, table, tile } from "../lib/dom.js";
+import { anyValue, card, fmtBytes, fmtTime, h, label, preview, replace, rowsOf, short, table, tile } from "../lib/dom.js";
 
 export const REFRESH_MS = 5000;
 
@@ -40,7 +40,7 @@ function statsView(stats) {
     if (name === "uptime" && typeof value === "number") tiles.push(tile(name, duration(value)));
     else if (isScalar(value)) tiles.push(tile(name, value));
     else if (name === "system") sections.push(card(name, systemView(value)));
-    else sections.push(card(name, anyValue(value)));
+    else sections.push(card(label(name), anyValue(value)));
   }
   return [
     h("div.tiles", { id: "stat-tiles" }, tiles),

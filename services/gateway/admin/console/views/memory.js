@@ -2,7 +2,7 @@
 // workspace, page, limit); a row opens the fragment's detail. The filters live in the URL
 // (#/memory?topic=...), so a filtered view can be bookmarked for this tab or reloaded.
 import { api } from "../lib/api.js";
-import { anyValue, card, field, fmtTime, h, preview, replace, rowsOf, select, short, table } from "../lib/dom.js";
+import { anyValue, card, field, fmtTime, h, label, preview, replace, rowsOf, select, short, table } from "../lib/dom.js";
 
 const TYPES = ["fact", "decision", "error", "preference", "procedure", "relation", "episode"];
 const LIMITS = [20, 50, 100];
@@ -13,7 +13,7 @@ function overviewView(overview) {
   for (const [name, value] of Object.entries(overview ?? {})) {
     (value === null || typeof value !== "object" ? summary : rest)[name] = value;
   }
-  return [anyValue(summary), h("div.grid", Object.entries(rest).map(([name, value]) => card(name, anyValue(value))))];
+  return [anyValue(summary), h("div.grid", Object.entries(rest).map(([name, value]) => card(label(name), anyValue(value))))];
 }
 
 export async function render(root, { query, navigate, alive }) {

@@ -1,7 +1,7 @@
 // Search analytics: GET /memory/search-events?days=N (total searches, failed queries,
 // feedback statistics): the questions agents asked and the ones memory could not answer.
 import { api } from "../lib/api.js";
-import { anyValue, card, field, h, replace, select } from "../lib/dom.js";
+import { anyValue, card, field, h, label, replace, select } from "../lib/dom.js";
 
 const DAYS = [1, 7, 30, 90];
 
@@ -14,10 +14,12 @@ export async function render(root, { query, navigate, alive }) {
   const data = await api("GET", "/memory/search-events", { query: { days } });
   if (!alive()) return;
   const scalars = {};
+  const lists = [];
   const sections = [];
   for (const [name, value] of Object.entries(data ?? {})) {
     if (value === null || typeof value !== "object") scalars[name] = value;
-    else sections.push(card(name, anyValue(value)));
+    else if (Array.isArray(value)) lists.push(card(label(name), anyValue(value)));  // tables: the full width
+    else sections.push(card(label(name), anyValue(value)));
   }
-  replace(box, card(`the last ${days} day(s)`, anyValue(scalars)), h("div.grid", sections));
+  replace(box, card(`the last ${days} day(s)`, anyValue(scalars)), lists, h("div.grid", sections));
 }

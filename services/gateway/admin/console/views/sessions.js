@@ -2,7 +2,7 @@
 // (segments, tool calls, search events, tool feedback), reflect a segment, end a session,
 // clean up expired sessions, reflect every unreflected one.
 import { api } from "../lib/api.js";
-import { anyValue, card, confirmButton, field, fmtTime, h, replace, rowsOf, select, short, table } from "../lib/dom.js";
+import { anyValue, card, confirmButton, field, fmtTime, h, label, replace, rowsOf, select, short, table } from "../lib/dom.js";
 
 const STATUSES = ["active", "ended", "all"];
 const SHOWN_ELSEWHERE = new Set(["segments", "activity"]);
@@ -28,7 +28,7 @@ async function detail(root, id, { alive, navigate }) {
   for (const [name, value] of Object.entries(data ?? {})) {
     if (SHOWN_ELSEWHERE.has(name)) continue;
     if (value === null || typeof value !== "object") scalars[name] = value;
-    else sections.push(card(name, anyValue(value)));
+    else sections.push(card(label(name), anyValue(value)));
   }
   const segments = rowsOf(data?.segments ?? [], "segments");
   root.append(
