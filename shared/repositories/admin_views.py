@@ -84,14 +84,17 @@ async def overview(conn: asyncpg.Connection) -> dict[str, Any]:
 
 async def store_counts(conn: asyncpg.Connection) -> dict[str, Any]:
     """The /stats figures recall answers: fragments, its queues, the database's size."""
+    # One pass over fragments for its three counts (three count(*) were three scans: /stats
+    # answered in ~350 ms at 100k fragments).
     row = await conn.fetchrow(
         """
-        SELECT (SELECT count(*) FROM fragments)::int AS fragments,
-               (SELECT count(*) FROM fragments WHERE embedding IS NULL)::int AS embedding_backlog,
-               (SELECT count(*) FROM fragments WHERE checked_at IS NULL)::int AS quality_pending,
+        SELECT f.fragments, f.embedding_backlog, f.quality_pending,
                (SELECT count(*) FROM fragment_link_pending)::int AS link_backlog,
                (SELECT count(*) FROM fsck_issues WHERE status = 'open')::int AS fsck_open_issues,
                pg_database_size(current_database()) AS db_size_bytes
+        FROM (SELECT count(*)::int AS fragments, count(*) FILTER (WHERE embedding IS NULL)::int AS embedding_backlog,
+                     count(*) FILTER (WHERE checked_at IS NULL)::int AS quality_pending
+              FROM fragments) f
         """
     )
     return dict(row)
