@@ -11,6 +11,23 @@ from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 DEV_MASTER_KEY = "engram-dev-master-key"
+# Under ENGRAM_ENV=production a secret must be at least this long (`openssl rand -base64 32`
+# gives 44 characters) and none of the values the repository ships: the code's dev defaults,
+# docker-compose.yml's old default service token, the manifests' REPLACE_ME placeholders.
+MIN_SECRET_LENGTH = 32
+SHIPPED_SECRETS = frozenset({
+    DEV_MASTER_KEY, "engram-dev-service-token", "engram-dev-artifact-token-secret", "compose-internal-service-token",
+})
+
+
+def refuse_weak_secret(name: str, value: str) -> None:
+    """ValueError naming the setting (never its value) when `value` is not fit for production."""
+    if not value:
+        raise ValueError(f"{name} must be set to a secret value in production")
+    if "REPLACE_ME" in value.upper() or value in SHIPPED_SECRETS:
+        raise ValueError(f"{name} is a placeholder or a development default; set a secret value in production")
+    if len(value) < MIN_SECRET_LENGTH:
+        raise ValueError(f"{name} must be at least {MIN_SECRET_LENGTH} characters in production")
 
 
 def seconds_or_duration(value: object) -> object:
@@ -83,6 +100,15 @@ class CommonSettings(BaseSettings):
     @property
     def redis_active(self) -> bool:
         return self.redis_enabled and bool(self.redis_url)
+
+    def check_secure(self) -> None:
+        """Under ENGRAM_ENV=production, refuse the secrets every process holds when they are
+        missing, shipped defaults or placeholders, or short (each service calls it at start-up)."""
+        if self.environment != "production":
+            return
+        refuse_weak_secret("ENGRAM_SERVICE_TOKEN", self.service_token)
+        if "REPLACE_ME" in self.database_url.upper():
+            raise ValueError("DATABASE_URL still holds a REPLACE_ME placeholder")
 
     @property
     def effective_log_format(self) -> Literal["text", "json"]:
@@ -208,11 +234,11 @@ class GatewaySettings(CommonSettings):
         return f"http://{host}:{self.port}"
 
     def check_secure(self) -> None:
-        """Refuse a missing or default master key outside dev."""
-        if self.environment == "production" and self.access_key in ("", DEV_MASTER_KEY):
-            raise ValueError("MEMENTO_ACCESS_KEY must be set to a secret value in production")
-        if self.environment == "production" and self.artifact_token_secret == "engram-dev-artifact-token-secret":  # noqa: S105
-            raise ValueError("ARTIFACT_TOKEN_SECRET must be set to a secret value in production")
+        """Refuse a missing, default, placeholder or short master key (and the other secrets) in production."""
+        super().check_secure()
+        if self.environment == "production":
+            refuse_weak_secret("MEMENTO_ACCESS_KEY", self.access_key)
+            refuse_weak_secret("ARTIFACT_TOKEN_SECRET", self.artifact_token_secret)
 
 
 class RecallSettings(CommonSettings):

@@ -28,6 +28,7 @@ from shared.telemetry import configure_telemetry
 
 def create_app(settings: IngestSettings | None = None) -> FastAPI:
     settings = settings or IngestSettings()
+    settings.check_secure()
     configure_telemetry(settings, "engram-ingest")
 
     @asynccontextmanager

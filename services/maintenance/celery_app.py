@@ -14,6 +14,8 @@ from shared.jobs import QUEUE_BATCH, QUEUE_MAINTENANCE
 from shared.settings import MaintenanceSettings
 
 settings = MaintenanceSettings()
+# Worker and beat refuse placeholder or default secrets under ENGRAM_ENV=production.
+settings.check_secure()
 
 
 def beat_schedule(s: MaintenanceSettings) -> dict[str, dict]:

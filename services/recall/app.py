@@ -29,6 +29,7 @@ from shared.telemetry import configure_telemetry
 
 def create_app(settings: RecallSettings | None = None) -> FastAPI:
     settings = settings or RecallSettings()
+    settings.check_secure()
     configure_telemetry(settings, "engram-recall")
 
     @asynccontextmanager

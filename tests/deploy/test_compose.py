@@ -20,7 +20,11 @@ COMPOSE_FILE = ROOT / "docker-compose.yml"
 HTTP_SERVICES = {"gateway": 57332, "recall": 57333, "ingest": 57334}
 ENGRAM_SERVICES = {*HTTP_SERVICES, "worker", "beat", "migrate"}
 # Stand-ins for what an operator exports before `docker-compose up`.
-OPERATOR_ENV = {"MEMENTO_ACCESS_KEY": "test-only-master-key"}
+OPERATOR_ENV = {
+    "MEMENTO_ACCESS_KEY": "test-only-master-key-0123456789abcdef",
+    "ENGRAM_SERVICE_TOKEN": "test-only-service-token-0123456789abcdef",
+    "ARTIFACT_TOKEN_SECRET": "test-only-artifact-secret-0123456789abcdef",
+}
 
 
 def raw_compose() -> dict[str, Any]:
@@ -31,7 +35,7 @@ def docker_compose(*args: str, env: dict[str, str]) -> subprocess.CompletedProce
     binary = shutil.which("docker-compose")
     if binary is None:
         pytest.skip("docker-compose is not installed (make deploy-tools installs Debian's package)")
-    clean = {k: v for k, v in os.environ.items() if k not in (*OPERATOR_ENV, "MCP_ALLOWED_HOSTS", "ENGRAM_SERVICE_TOKEN", "POSTGRES_PASSWORD")}
+    clean = {k: v for k, v in os.environ.items() if k not in (*OPERATOR_ENV, "MCP_ALLOWED_HOSTS", "POSTGRES_PASSWORD")}
     return subprocess.run(
         [binary, "-f", str(COMPOSE_FILE), *args],
         cwd=ROOT, env=clean | env, capture_output=True, text=True, timeout=120, check=False,
@@ -51,10 +55,11 @@ def test_docker_compose_accepts_the_file() -> None:
     assert result.returncode == 0, result.stderr
 
 
-def test_docker_compose_refuses_to_run_without_a_master_key() -> None:
-    result = docker_compose("config", "-q", env={})
+@pytest.mark.parametrize("missing", sorted(OPERATOR_ENV))
+def test_docker_compose_refuses_to_run_without_each_secret(missing: str) -> None:
+    result = docker_compose("config", "-q", env={k: v for k, v in OPERATOR_ENV.items() if k != missing})
     assert result.returncode != 0
-    assert "MEMENTO_ACCESS_KEY" in result.stderr
+    assert missing in result.stderr
 
 
 def test_infrastructure_has_pgvector_and_healthchecks() -> None:

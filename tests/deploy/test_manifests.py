@@ -1,8 +1,11 @@
-"""deploy/k8s: every manifest valid against a pinned Kubernetes schema (strict), and the
-shape the services need: recall autoscaled, HTTP pods probed on /health, known env only."""
+"""deploy/k8s/base: every manifest valid against a pinned Kubernetes schema (strict), and the
+shape the services need: recall autoscaled, HTTP pods probed on /health, the worker and beat
+probed, known env only, every shipped secret refused in production. The overlays, the
+NetworkPolicies' reachability and the monitoring objects: test_k8s_overlays.py."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +16,7 @@ import yaml
 from tests.deploy.env_contract import INFRA_ENV, build_settings, settings_aliases
 
 ROOT = Path(__file__).resolve().parents[2]
-K8S_DIR = ROOT / "deploy" / "k8s"
+K8S_DIR = ROOT / "deploy" / "k8s" / "base"
 # Pinned: kubernetes-validate ships schemas for 1.25..1.37; a floating "latest" would change
 # what passes when the package is upgraded.
 KUBERNETES_VERSION = "1.33.0"
@@ -197,18 +200,25 @@ def test_requests_fit_a_two_core_node_at_minimum_scale() -> None:
     assert total_mib <= 20 * 1024
 
 
-def secret_and_config_values() -> dict[tuple[str, str], dict[str, str]]:
+def operator_value(value: str) -> str:
+    """What an operator puts where the manifest says REPLACE_ME (a long random secret)."""
+    return re.sub(r"REPLACE_ME[\w-]*", "operator-chosen-5f1c9a0e7d2b4c6a8e3f1b0d9c7a5e2f", value)
+
+
+def secret_and_config_values(shipped: bool = False) -> dict[tuple[str, str], dict[str, str]]:
+    """ConfigMaps and Secrets by (kind, name); the Secret's placeholders replaced as an operator
+    would, unless `shipped`."""
     values: dict[tuple[str, str], dict[str, str]] = {}
     for name, doc in resources("ConfigMap").items():
         values[("configMap", name)] = dict(doc["data"])
     for name, doc in resources("Secret").items():
-        values[("secret", name)] = dict(doc["stringData"])
+        values[("secret", name)] = {k: v if shipped else operator_value(v) for k, v in doc["stringData"].items()}
     return values
 
 
-def container_env(container: dict[str, Any]) -> dict[str, str]:
+def container_env(container: dict[str, Any], shipped: bool = False) -> dict[str, str]:
     """The environment Kubernetes gives the container, resolved from the manifests."""
-    sources = secret_and_config_values()
+    sources = secret_and_config_values(shipped)
     env: dict[str, str] = {}
     for source in container.get("envFrom", []):
         if "configMapRef" in source:
@@ -255,9 +265,38 @@ def test_config_map_keys_are_read_by_the_app() -> None:
 
 def test_secret_placeholders_are_marked() -> None:
     secret = resources("Secret")["engram-secrets"]["stringData"]
-    assert set(secret) == {"MEMENTO_ACCESS_KEY", "ENGRAM_SERVICE_TOKEN", "DATABASE_URL"}
+    assert set(secret) == {"MEMENTO_ACCESS_KEY", "ENGRAM_SERVICE_TOKEN", "ARTIFACT_TOKEN_SECRET", "DATABASE_URL"}
     assert all("REPLACE_ME" in value for value in secret.values())
     assert resources("ConfigMap")["engram-config"]["data"]["ENGRAM_ENV"] == "production"
+
+
+SERVICE_CONTAINERS = [(w, c) for w, c in ENGRAM_CONTAINERS if c["name"] in ("gateway", "recall", "ingest", "worker", "beat")]
+
+
+@pytest.mark.parametrize("container", [c for _, c in SERVICE_CONTAINERS], ids=[w for w, _ in SERVICE_CONTAINERS])
+def test_every_process_refuses_the_shipped_placeholders(container: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Applied as shipped (ENGRAM_ENV=production, REPLACE_ME secrets), no service starts."""
+    with pytest.raises(ValueError, match="placeholder"):
+        build_settings(monkeypatch, container["command"], container_env(container, shipped=True))
+
+
+def test_the_worker_is_probed_with_celerys_own_ping() -> None:
+    [worker] = resources("Deployment")["engram-worker"]["spec"]["template"]["spec"]["containers"]
+    for probe in ("startupProbe", "livenessProbe"):
+        command = worker[probe]["exec"]["command"]
+        assert command[:2] == ["sh", "-c"]
+        assert "celery -A services.maintenance.celery_app:app inspect ping" in command[2]
+        assert '-d "celery@$HOSTNAME"' in command[2]  # its own node only, not any worker that answers
+        assert worker[probe]["timeoutSeconds"] > 10  # past the ping's own --timeout
+    # The worker's node name is Celery's default, celery@<hostname> (the pod name): no -n.
+    assert "-n" not in worker["command"]
+
+
+def test_beat_is_probed_on_its_schedule_file() -> None:
+    [beat] = resources("Deployment")["engram-beat"]["spec"]["template"]["spec"]["containers"]
+    assert "/tmp/celerybeat-schedule" in beat["command"]
+    assert "/tmp/celerybeat-schedule" in " ".join(beat["livenessProbe"]["exec"]["command"])
+    assert {"mountPath": "/tmp", "name": "tmp"} in beat["volumeMounts"]
 
 
 def test_only_the_gateway_sees_the_master_key() -> None:
