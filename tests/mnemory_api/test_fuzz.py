@@ -33,7 +33,8 @@ def fuzz_gateway(stack: Stack) -> Iterator[Gateway]:
 
 async def test_api_fuzz_finds_no_server_error(stack: Stack, fuzz_gateway: Gateway) -> None:
     key, _ = await create_api_key(stack.database_url)
-    document: dict[str, Any] = httpx.get(f"{fuzz_gateway.url}/api/openapi.json", timeout=30).json()
+    async with httpx.AsyncClient(timeout=30) as client:
+        document: dict[str, Any] = (await client.get(f"{fuzz_gateway.url}/api/openapi.json")).json()
     operations = [result.ok() for result in schemathesis.openapi.from_dict(document).get_all_operations()]
     assert any(op.path == "/api/memories/search" for op in operations)
     problems: list[str] = []
