@@ -174,12 +174,19 @@ class ObservedResources(Protocol):
 PROBE_SECONDS = 1.0
 
 
-async def _observe_dependencies(service: str, resources: ObservedResources) -> None:
-    observe_pool(service, resources.pool)
+async def observe_dependencies(service: str, resources: ObservedResources) -> None:
+    pool = resources.pool
+    observe_pool(service, pool)
     try:
         async with asyncio.timeout(PROBE_SECONDS):
-            await ping(resources.pool)
+            await ping(pool)
         DEPENDENCY_UP.labels(service, "postgres").set(1)
+    except TimeoutError:
+        # Every connection lent out and none free in time: a busy pool (engram_db_pool_waiting
+        # says so), not a Postgres that is away; the last answer stands. A Postgres that hangs
+        # fails its connections' commands within command_timeout and its reconnects within 5 s.
+        if pool.get_idle_size() or pool.get_size() < pool.get_max_size():
+            DEPENDENCY_UP.labels(service, "postgres").set(0)
     except Exception:  # noqa: BLE001 - a probe: any failure means "not reached"
         DEPENDENCY_UP.labels(service, "postgres").set(0)
     if resources.redis is None:
@@ -203,7 +210,7 @@ def install_observability(
     async def metrics(request: Request) -> Response:
         observed = _resources_of(request.app, resources)
         if observed is not None:
-            await _observe_dependencies(service, observed)
+            await observe_dependencies(service, observed)
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 

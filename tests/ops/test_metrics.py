@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
@@ -14,8 +16,10 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
+from services.common.internal import observe_dependencies
 from services.common.rpc import SERVICE_TOKEN_HEADER
 from services.recall import effects
+from services.stack.supervisor import free_port
 from shared.contract.catalog import TOOLS_BY_NAME
 from shared.db import create_pool
 from shared.jobs import QUEUE_BATCH, QUEUE_MAINTENANCE
@@ -168,3 +172,31 @@ async def test_pool_gauges_count_connections_lent_and_callers_waiting(stack: Sta
         assert gauges() == (0, 0)
     finally:
         await pool.close()
+
+
+@dataclass
+class _Resources:
+    pool: Any
+    redis: Any
+
+
+async def test_dependency_probes_tell_a_busy_pool_from_a_postgres_that_is_away(stack: Stack) -> None:
+    def up(dependency: str) -> float | None:
+        return REGISTRY.get_sample_value("engram_dependency_up", {"service": "ops-probe", "dependency": dependency})
+
+    live = await create_pool(stack.database_url, min_size=1, max_size=1)
+    dead = await create_pool(f"postgresql://postgres@127.0.0.1:{free_port()}/engram", min_size=0, max_size=1)
+    redis_live, redis_dead = Redis.from_url(stack.redis_url), Redis.from_url(f"redis://127.0.0.1:{free_port()}/0")
+    try:
+        await observe_dependencies("ops-probe", _Resources(live, redis_live))
+        assert (up("postgres"), up("redis")) == (1, 1)
+        async with live.acquire():  # every connection lent out: busy, not down
+            await observe_dependencies("ops-probe", _Resources(live, redis_live))
+        assert up("postgres") == 1
+        await observe_dependencies("ops-probe", _Resources(dead, redis_dead))
+        assert (up("postgres"), up("redis")) == (0, 0)
+    finally:
+        await live.close()
+        await dead.close()
+        await redis_live.aclose()
+        await redis_dead.aclose()
