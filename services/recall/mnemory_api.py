@@ -7,6 +7,7 @@ reference's filters applied inside the query."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -70,6 +71,11 @@ _FIND_SYSTEM = (
 )
 
 
+# Read once per process: settings are the environment's, which does not change under it.
+_settings = functools.cache(MnemorySettings)
+_llm = functools.cache(lambda: LLMClient(LLMSettings()))
+
+
 def failure(message: str, status: int = 400) -> ToolResult:
     return {"error": True, "message": message, "status": status}, True
 
@@ -115,7 +121,7 @@ async def _search_rows(
 
 
 def _min_score(requested: float | None) -> float:
-    server = MnemorySettings().search_score_threshold
+    server = _settings().search_score_threshold
     return max(server, requested) if requested is not None else server
 
 
@@ -148,7 +154,7 @@ def fallback_queries(question: str, context: str | None, limit: int) -> list[str
 
 
 def _llm_queries(question: str, context: str | None, limit: int) -> list[str] | None:
-    llm = LLMClient(LLMSettings())
+    llm = _llm()
     if not llm.configured:
         return None
     prompt = question if not context else f"Context: {context}\nQuestion: {question}"
@@ -167,7 +173,7 @@ async def find(res: ReadResources, ctx: ToolContext, arguments: dict[str, Any]) 
         flt = _filter(args)
     except model.ModelError as exc:
         return failure(str(exc), 422)
-    max_queries = MnemorySettings().find_max_queries
+    max_queries = _settings().find_max_queries
     queries = await anyio.to_thread.run_sync(_llm_queries, args.question, args.context, max_queries)
     mode = "llm"
     if not queries:
