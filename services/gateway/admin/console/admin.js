@@ -44,7 +44,7 @@ function layout(active) {
   const nav = h("nav.sidebar",
     h("div.brand", "Engram", h("span.muted", " admin")),
     Object.entries(VIEWS).filter(([, v]) => v.nav).map(([name, v]) =>
-      h("a", { href: `#/${name}`, class: name === active ? "active" : null, dataset: { view: name } }, v.title)),
+      h("a", { href: `#/${name}`, class: name === active ? "active" : null, "aria-current": name === active ? "page" : null, dataset: { view: name } }, v.title)),
     h("button.logout", { type: "button", id: "logout", onclick: () => { masterKey.clear(); navigate("login"); } }, "Log out"),
   );
   const main = h("main.content", { id: "view" });

@@ -91,10 +91,13 @@ export function preview(text, n = 140) {
   return s.length > n ? `${s.slice(0, n)}…` : s;
 }
 
+const ISO_TIME = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$/;
+
 function scalar(value) {
   if (value === null || value === undefined) return "—";
   if (typeof value === "number") return Number.isInteger(value) ? value.toLocaleString("en-US") : value.toFixed(3);
   if (typeof value === "boolean") return value ? "yes" : "no";
+  if (typeof value === "string" && ISO_TIME.test(value)) return fmtTime(value);
   return String(value);
 }
 

@@ -67,7 +67,9 @@ function keyEditor(key, refresh, status) {
   const workspace = h("input", { name: "workspace", value: key.default_workspace ?? "", placeholder: "none" });
   const mode = select("default_mode", [["", "none"], ...MODES.map((m) => [m, m])], key.default_mode ?? "");
   const act = async (what, call) => {
-    try { await call(); notice(status, `${what}: saved.`); await refresh(key.id); } catch (error) { notice(status, `${what}: ${error.message}`, "error"); }
+    // "saved" once the list and this editor show the new values (not before they are redrawn).
+    replace(status);
+    try { await call(); await refresh(key.id); notice(status, `${what}: saved.`); } catch (error) { notice(status, `${what}: ${error.message}`, "error"); }
   };
   const nextStatus = key.status === "active" ? "inactive" : "active";
   return card(`key ${key.name}`,
