@@ -500,7 +500,7 @@ async def test_views_render_without_script_errors_or_stray_values(logged_in: Con
 async def test_logs_view_says_where_logs_are_when_the_gateway_logs_to_stdout(browser: Any, stack: Stack) -> None:
     from tests.gateway.conftest import start_gateway
 
-    proc, gateway = start_gateway(stack, "gateway-stdout-logs", 9, {"LOG_DIR": ""})
+    proc, gateway = start_gateway(stack, "gateway-stdout-logs", 14, {"LOG_DIR": ""})
     try:
         context = await browser.new_context()
         page = await context.new_page()
