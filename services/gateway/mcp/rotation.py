@@ -28,6 +28,8 @@ ROTATIONS = Counter("mcp_session_rotation_total", "MCP session ids rotated", ["r
 ROTATE_RATE_LIMITED = Counter("mcp_rotate_rate_limited_total", "POST /session/rotate refused by the per-IP limit")
 
 DEFAULT_REASON = "explicit_rotate"
+# seed: the reasons it names ("scheduled_rotation", "suspected_leak", "user_request").
+LABELLED_REASONS = frozenset({DEFAULT_REASON, "scheduled_rotation", "suspected_leak", "user_request"})
 MAX_HTTP_REASON = 128
 # Default Origin allow-list when ALLOWED_ORIGINS is not set: the local machine.
 LOCAL_ORIGINS = ("http://localhost", "http://localhost:*", "http://127.0.0.1", "http://127.0.0.1:*", "http://[::1]", "http://[::1]:*")
@@ -43,8 +45,8 @@ def origin_allowed(origin: str, allowed: list[str]) -> bool:
 async def rotate(sessions: Sessions, session: ActiveSession, presented_id: str, reason: str) -> dict[str, Any]:
     new_id = await sessions.rotate(session, reason)
     old_id = presented_id
-    # The reason is the caller's free text: only the ones we name become a label value.
-    ROTATIONS.labels(reason if reason == DEFAULT_REASON else OTHER).inc()
+    # The reason is the caller's free text: only the reference's named ones become a label value.
+    ROTATIONS.labels(reason if reason in LABELLED_REASONS else OTHER).inc()
     logger.info("session rotated (%s): %s -> %s", reason, old_id, new_id)
     return {
         "ok": True,
