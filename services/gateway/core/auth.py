@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 import redis.asyncio as aioredis
 from cachetools import TTLCache
-from redis.exceptions import RedisError
 
+from services.gateway.core.round_trip import UNREACHABLE, Reply, RoundTrip
 from shared.domain.principal import Principal
 from shared.repositories import keys as keys_repo
 from shared.repositories import oauth as oauth_repo
@@ -42,35 +42,64 @@ class Authenticator:
         # Token digest (or key id) -> (the generation it was read under, its principal).
         self._cache: TTLCache[str, tuple[bytes | None, Principal | None]] = TTLCache(KEY_CACHE_SIZE, KEY_CACHE_SECONDS)
 
-    async def authenticate(self, token: str | None) -> Principal | None:
+    def is_master(self, token: str) -> bool:
+        return bool(self._master_key) and hmac.compare_digest(token.encode(), self._master_key.encode())
+
+    def queue_generation(self, trip: RoundTrip) -> Reply:
+        """Read the key generation in a request's round trip (core/round_trip.py), for
+        authenticate() and principal_for_key() to check their cache against."""
+        return trip.queue("GET", GENERATION_KEY)
+
+    def last_known(self, token: str) -> tuple[bool, Principal | None]:
+        """(known, principal): what this token was when last checked here, without checking
+        it again (whom to count a request against before its generation is read; never an
+        authentication). Unknown when the key cache holds no entry for it."""
+        if self.is_master(token):
+            return True, Principal.master()
+        if not self.is_key_shaped(token):
+            return True, None
+        cached = self._cache.get(keys_repo.hash_key(token))
+        return (True, cached[1]) if cached is not None else (False, None)
+
+    @staticmethod
+    def is_key_shaped(token: str) -> bool:
+        """An API key or an OAuth token: what the key cache and its generation check hold."""
+        return token.startswith((keys_repo.KEY_PREFIX, OAUTH_TOKEN_PREFIX))
+
+    async def authenticate(self, token: str | None, generation: Reply | None = None) -> Principal | None:
+        """The token's principal, or None. `generation`: the key generation read in this
+        request's round trip (read here when not given)."""
         if not token:
             return None
-        if self._master_key and hmac.compare_digest(token.encode(), self._master_key.encode()):
+        if self.is_master(token):
             return Principal.master()
-        is_oauth = token.startswith(OAUTH_TOKEN_PREFIX)
-        if not token.startswith(keys_repo.KEY_PREFIX) and not is_oauth:
+        if not self.is_key_shaped(token):
             return None
+        is_oauth = token.startswith(OAUTH_TOKEN_PREFIX)
+
         async def load(conn: asyncpg.Connection) -> Principal | None:
             if is_oauth:
                 return await self._oauth_principal(conn, token)
             return await keys_repo.principal_for_raw_key(conn, token)
 
-        return await self._cached(keys_repo.hash_key(token), load)
+        return await self._cached(keys_repo.hash_key(token), load, generation)
 
-    async def principal_for_key(self, key_id: str | None) -> Principal | None:
+    async def principal_for_key(self, key_id: str | None, generation: Reply | None = None) -> Principal | None:
         """The key behind a session, re-read for a request that carries only the session id:
         None once it is inactive or deleted. Same cache and generation as authenticate(), so
         an admin change reaches every replica's sessions at once (within KEY_CACHE_SECONDS
         without Redis)."""
         if key_id is None:  # the master key: configuration, not a row
             return Principal.master()
-        return await self._cached(_KEY_ID_ENTRY + key_id, lambda conn: keys_repo.principal_for_key_id(conn, key_id))
+        return await self._cached(
+            _KEY_ID_ENTRY + key_id, lambda conn: keys_repo.principal_for_key_id(conn, key_id), generation
+        )
 
     async def _cached(
-        self, entry: str, load: Callable[[asyncpg.Connection], Awaitable[Principal | None]]
+        self, entry: str, load: Callable[[asyncpg.Connection], Awaitable[Principal | None]], read: Reply | None
     ) -> Principal | None:
         """The cached principal of `entry` while the key generation is unchanged, else loaded."""
-        generation = await self._generation()
+        generation = await self._generation() if read is None else self._generation_from(read)
         cached = self._cache.get(entry)
         if cached is not None and cached[0] == generation:
             return cached[1]
@@ -90,7 +119,16 @@ class Authenticator:
             return None
         try:
             generation = await self._redis.get(GENERATION_KEY)
-        except (RedisError, OSError):
+        except UNREACHABLE:
+            logger.debug("key generation unavailable in Redis; the cache expires by time", exc_info=True)
+            return None
+        return generation.encode() if isinstance(generation, str) else generation
+
+    @staticmethod
+    def _generation_from(read: Reply) -> bytes | None:
+        try:
+            generation = read.result()
+        except UNREACHABLE:
             logger.debug("key generation unavailable in Redis; the cache expires by time", exc_info=True)
             return None
         return generation.encode() if isinstance(generation, str) else generation
@@ -110,7 +148,7 @@ class Authenticator:
         if self._redis is not None:
             try:
                 await self._redis.incr(GENERATION_KEY)
-            except (RedisError, OSError):
+            except UNREACHABLE:
                 logger.warning("key change not announced in Redis; other replicas see it within %.0f s", KEY_CACHE_SECONDS)
 
 

@@ -5,7 +5,6 @@ in HTTP rather than in JSON-RPC: token-based session reuse and the X-RateLimit-*
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 from urllib.parse import parse_qs
@@ -20,10 +19,11 @@ from services.gateway.core import unavailable
 from services.gateway.core.auth import bearer_token
 from services.gateway.core.caller import API_KEY_HEADER, API_KEY_PATH_PREFIXES
 from services.gateway.core.limits import body_limit_for
+from services.gateway.core.round_trip import Reply, RoundTrip
 from services.gateway.core.scope import INITIALIZE_SCOPE_KEY, PRINCIPAL_SCOPE_KEY, SESSION_SCOPE_KEY, TOKEN_SCOPE_KEY
 from services.gateway.core.state import GatewayState, state_of
 from services.gateway.core.state import started as state_built
-from services.gateway.core.wire import jsonrpc_error, replay_body
+from services.gateway.core.wire import json_body, jsonrpc_error, replay_body
 from services.gateway.sessions import ActiveSession, token_digest
 from shared.domain.principal import Principal
 from shared.repositories import fragments as fragments_repo
@@ -97,17 +97,28 @@ class GatewayEdge:
             receive = replay_body(body, receive)
 
         token = request_token(scope)
-        principal = await state.authenticator.authenticate(token) if token else None
         if scope["path"] == "/mcp" and scope["method"] == "POST":
             # Only a request without a session id may open one (and asks for the parse).
             opening = Headers(scope=scope).get("mcp-session-id") is None and bool(body)
-            scope[INITIALIZE_SCOPE_KEY] = opening and _has_method(body or b"", "initialize")
-        session = await self._addressed_session(state, scope, token, body)
+            scope[INITIALIZE_SCOPE_KEY] = opening and _has_method(scope, body or b"", "initialize")
+        session_id = await self._addressed_session_id(state, scope, token, body)
+        # What the request reads and counts in Redis, in one round trip (core/round_trip.py).
+        trip = RoundTrip(state.redis)
+        # The key generation checks a cached key: the token's, or the session's without one.
+        checks_key = state.authenticator.is_key_shaped(token) if token else session_id is not None
+        generation = state.authenticator.queue_generation(trip) if checks_key else None
+        resolving = state.sessions.queue_resolve(trip, session_id)
+        likely = self._likely_limit(state, scope, token, session_id)
+        hit = state.limiter.queue_hit(trip, *likely) if likely is not None else None
+        await trip.run()
+
+        principal = await state.authenticator.authenticate(token, generation) if token else None
+        session = await state.sessions.resolved(resolving)
         if session is not None:
             # seed: Streamable HTTP authenticates at initialize "and the session keeps it"; the
             # key behind the session is still checked on every request, so a key set inactive
             # or deleted ends its sessions, and a session answers to no other credential.
-            refusal, current = await self._check_session(state, session, token, principal)
+            refusal, current = await self._check_session(state, session, token, principal, generation)
             if refusal is not None:
                 await refusal(scope, receive, send)
                 return
@@ -119,13 +130,13 @@ class GatewayEdge:
         if principal is not None:
             scope[PRINCIPAL_SCOPE_KEY] = principal
             scope[TOKEN_SCOPE_KEY] = token
-        if principal is None:
-            client = scope.get("client")
-            allowed, retry = await state.limiter.hit("ip", client[0] if client else "unknown", settings.ip_rate_limit_per_min)
-        elif principal.key_id is not None:
-            allowed, retry = await state.limiter.hit("key", principal.key_id, settings.key_rate_limit_per_min)
-        else:  # the master key is the operator's, not a tenant's; it is not metered
+        limit = self._limit(state, scope, principal)
+        if limit is None:
             allowed, retry = True, 0
+        elif hit is not None and likely == limit:
+            allowed, retry = state.limiter.counted(hit)
+        else:  # not known before the round trip (a first request, a key that changed): counted now
+            allowed, retry = await state.limiter.hit(*limit)
         if not allowed:
             response = JSONResponse(
                 {"error": "Too Many Requests", "retryAfter": retry}, status_code=429, headers={"Retry-After": str(retry)}
@@ -137,9 +148,32 @@ class GatewayEdge:
             send = await self._usage_headers(state, scope, body, principal, send)
         await self.app(scope, receive, send)
 
-    async def _addressed_session(
+    @staticmethod
+    def _limit(state: GatewayState, scope: Scope, principal: Principal | None) -> tuple[str, str, int] | None:
+        """The rate limit a request is counted against: its key's, or its IP's without one
+        (None: the master key, the operator's, not a tenant's, is not metered)."""
+        if principal is None:
+            client = scope.get("client")
+            return "ip", client[0] if client else "unknown", state.settings.ip_rate_limit_per_min
+        if principal.key_id is None:
+            return None
+        return "key", principal.key_id, state.settings.key_rate_limit_per_min
+
+    def _likely_limit(
+        self, state: GatewayState, scope: Scope, token: str | None, session_id: str | None
+    ) -> tuple[str, str, int] | None:
+        """The limit to count in the round trip, before the credential is checked: from what
+        the token was when last checked here. None when unknown (a token not seen within the
+        key cache's lifetime, or a session id standing in for its credential): the request is
+        then counted after its round trip, once known."""
+        if token is None:
+            return None if session_id else self._limit(state, scope, None)
+        known, principal = state.authenticator.last_known(token)
+        return self._limit(state, scope, principal) if known else None
+
+    async def _addressed_session_id(
         self, state: GatewayState, scope: Scope, token: str | None, body: bytes | None
-    ) -> ActiveSession | None:
+    ) -> str | None:
         """The session an MCP request names: Mcp-Session-Id on /mcp, ?sessionId= on /message."""
         if scope["path"] not in ("/mcp", "/message"):
             return None
@@ -150,10 +184,11 @@ class GatewayEdge:
             # of its own (two live clients of one key never share JSON-RPC ids) that continues
             # the Bearer's idle logical session (services/gateway/sessions/).
             session_id = await state.sessions.for_token(token, "streamable-http")
-        return await state.sessions.resolve(session_id)
+        return session_id
 
     async def _check_session(
-        self, state: GatewayState, session: ActiveSession, token: str | None, principal: Principal | None
+        self, state: GatewayState, session: ActiveSession, token: str | None, principal: Principal | None,
+        generation: Reply | None,
     ) -> tuple[JSONResponse | None, Principal | None]:
         """The session's principal, fresh from its key; or a refusal when the key is gone or
         the request presents another credential."""
@@ -170,7 +205,7 @@ class GatewayEdge:
                 return jsonrpc_error(403, "Forbidden: this session belongs to another credential"), None
             current = principal  # authenticated just now, by the same key
         else:
-            current = await state.authenticator.principal_for_key(session.key_id)
+            current = await state.authenticator.principal_for_key(session.key_id, generation)
         if current is None:
             key_id = session.key_id
             key_state = await state.authenticator.key_state(key_id) if key_id is not None else "invalid"
@@ -215,7 +250,7 @@ class GatewayEdge:
     ) -> Send:
         if scope["method"] != "POST" or principal.key_id is None or principal.fragment_limit is None or not body:
             return send
-        if not _has_method(body, "tools/call"):
+        if not _has_method(scope, body, "tools/call"):
             return send
         limit = principal.fragment_limit
         used = await self._fragment_usage(state, principal.key_id)
@@ -251,12 +286,9 @@ def _session_id(scope: Scope) -> str | None:
     return Headers(scope=scope).get("mcp-session-id")
 
 
-def _has_method(body: bytes, method: str) -> bool:
+def _has_method(scope: Scope, body: bytes, method: str) -> bool:
     """Whether a JSON-RPC body (single or batch) carries a request for `method`."""
-    try:
-        message = json.loads(body)
-    except (ValueError, RecursionError):  # nested past the parser's depth: JsonRpcGuard answers it
-        return False
+    message = json_body(scope, body).value  # None when no JSON: JsonRpcGuard answers it
     messages = message if isinstance(message, list) else [message]
     return any(isinstance(m, dict) and m.get("method") == method for m in messages)
 

@@ -19,15 +19,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import pydantic_core
-from mcp_types import INVALID_REQUEST, PARSE_ERROR, jsonrpc_message_adapter
+from mcp_types import INVALID_REQUEST, PARSE_ERROR, JSONRPCMessage, jsonrpc_message_adapter
 from prometheus_client import Counter
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.gateway.core.scope import PRINCIPAL_SCOPE_KEY
-from services.gateway.core.wire import replay_body
+from services.gateway.core.scope import MESSAGE_SCOPE_KEY, PRINCIPAL_SCOPE_KEY
+from services.gateway.core.wire import JsonBody, json_body, replay_body
 
 logger = logging.getLogger(__name__)
 
@@ -45,13 +44,12 @@ def _id_problem(message: dict[str, Any]) -> str | None:
     return "id must be a string or an integer"
 
 
-def envelope_problem(body: bytes) -> tuple[int, str, str] | None:
-    """(code, message, metric reason) for a body that is no single valid JSON-RPC message."""
-    try:
-        # The SDK's own parser (its depth limit, NaN read as a number), so both agree.
-        message = pydantic_core.from_json(body)
-    except ValueError as exc:
-        return PARSE_ERROR, f"Parse error: {exc}", "parse"
+def envelope_problem(parsed: JsonBody) -> tuple[int, str, str] | JSONRPCMessage:
+    """(code, message, metric reason) for a body that is no single valid JSON-RPC message;
+    else the message."""
+    if parsed.error is not None:
+        return PARSE_ERROR, f"Parse error: {parsed.error}", "parse"
+    message = parsed.value
     if isinstance(message, list):
         return INVALID_REQUEST, "Invalid Request: JSON-RPC batches are not supported", "batch"
     if not isinstance(message, dict):
@@ -60,10 +58,9 @@ def envelope_problem(body: bytes) -> tuple[int, str, str] | None:
     if problem:
         return INVALID_REQUEST, f"Invalid Request: {problem}", "id"
     try:
-        jsonrpc_message_adapter.validate_python(message, by_name=False)
+        return jsonrpc_message_adapter.validate_python(message, by_name=False)
     except ValidationError:
         return INVALID_REQUEST, "Invalid Request: not a JSON-RPC 2.0 request, notification or response", "shape"
-    return None
 
 
 class JsonRpcGuard:
@@ -79,8 +76,10 @@ class JsonRpcGuard:
             await self.app(scope, receive, send)  # the transport answers 401 first
             return
         body = await _read(receive)
-        found = envelope_problem(body)
-        if found is None:
+        found = envelope_problem(json_body(scope, body))
+        if not isinstance(found, tuple):
+            # The transport serves a request of a session from this (mcp/exchange.py).
+            scope[MESSAGE_SCOPE_KEY] = found
             await self.app(scope, replay_body(body, receive), send)
             return
         code, message, reason = found

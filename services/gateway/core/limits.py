@@ -9,16 +9,30 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from prometheus_client import Counter
-from redis.exceptions import RedisError
+
+from services.gateway.core.round_trip import UNREACHABLE, Reply, RoundTrip
 
 logger = logging.getLogger(__name__)
 
 RATE_LIMITED = Counter("engram_rate_limited_total", "Requests refused by a rate limit", ["limit"])
 
 WINDOW_SECONDS = 60
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One request counted against a limit, its count to be read after its round trip."""
+
+    name: str
+    key: str
+    window: int
+    retry_after: int
+    limit: int
+    reply: Reply | None  # the INCR's; None when not counted in Redis
 
 
 class RateLimiter:
@@ -37,27 +51,39 @@ class RateLimiter:
 
     async def hit(self, name: str, subject: str, limit: int) -> tuple[bool, int]:
         """Count one request; (allowed, seconds until the window resets)."""
+        trip = RoundTrip(self.redis)
+        hit = self.queue_hit(trip, name, subject, limit)
+        await trip.run()
+        return self.counted(hit)
+
+    def queue_hit(self, trip: RoundTrip, name: str, subject: str, limit: int) -> Hit:
+        """Count one request in a request's round trip (core/round_trip.py); counted() reads it."""
         key, window, retry_after = self._window(name, subject)
-        if limit <= 0:
-            return True, retry_after
+        reply = None
+        if limit > 0 and self.redis is not None:
+            reply = trip.queue("INCR", key)
+            trip.queue("EXPIRE", key, WINDOW_SECONDS + 5)
+        return Hit(name, key, window, retry_after, limit, reply)
+
+    def counted(self, hit: Hit) -> tuple[bool, int]:
+        """(allowed, seconds until the window resets) for a hit whose round trip has run."""
+        if hit.limit <= 0:
+            return True, hit.retry_after
         count = None
-        if self.redis is not None:
+        if hit.reply is not None:
             try:
-                pipe = self.redis.pipeline(transaction=False)
-                pipe.incr(key)
-                pipe.expire(key, WINDOW_SECONDS + 5)
-                count = int((await pipe.execute())[0])
-            except (RedisError, OSError):
+                count = int(hit.reply.result())
+            except UNREACHABLE:
                 logger.debug("rate limit counter unavailable in Redis; counting locally", exc_info=True)
         if count is None:
-            if window != self._local_window:
+            if hit.window != self._local_window:
                 self._local.clear()
-                self._local_window = window
-            count = self._local[key] = self._local.get(key, 0) + 1
-        allowed = count <= limit
+                self._local_window = hit.window
+            count = self._local[hit.key] = self._local.get(hit.key, 0) + 1
+        allowed = count <= hit.limit
         if not allowed:
-            RATE_LIMITED.labels(name).inc()
-        return allowed, retry_after
+            RATE_LIMITED.labels(hit.name).inc()
+        return allowed, hit.retry_after
 
     async def exceeded(self, name: str, subject: str, limit: int) -> tuple[bool, int]:
         """Whether `subject` is already past `limit` in this window, without counting: for
@@ -70,7 +96,7 @@ class RateLimiter:
         if self.redis is not None:
             try:
                 count = int(await self.redis.get(key) or 0)
-            except (RedisError, OSError):
+            except UNREACHABLE:
                 logger.debug("rate limit counter unavailable in Redis; reading the local count", exc_info=True)
         if count is None:
             count = self._local.get(key, 0) if window == self._local_window else 0

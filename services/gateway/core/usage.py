@@ -17,8 +17,9 @@ from datetime import UTC, date, datetime
 
 import asyncpg
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
+from services.gateway.core.round_trip import UNREACHABLE
+from services.gateway.sessions import Gate
 from shared.repositories import keys as keys_repo
 
 logger = logging.getLogger(__name__)
@@ -41,30 +42,50 @@ class DailyCalls:
         self._unflushed: Tally[tuple[str, date]] = Tally()
         self._flusher: asyncio.Task[None] | None = None
 
+    def _counter(self, key_id: str, day: date) -> str:
+        return f"{self.prefix}:{key_id}:{day.isoformat()}"
+
+    def gate(self, key_id: str, limit: int) -> Gate | None:
+        """Today's counter of the key as a gate for the call's record (sessions/), so the call
+        is counted in the round trip that records it; None without Redis."""
+        if self.redis is None:
+            return None
+        return Gate(self._counter(key_id, utc_today()), limit, COUNTER_TTL_SECONDS)
+
     async def count(self, key_id: str) -> int:
         """Count one call; returns the key's calls today, this one included."""
-        day = utc_today()
         if self.redis is not None:
-            name = f"{self.prefix}:{key_id}:{day.isoformat()}"
+            name = self._counter(key_id, utc_today())
             try:
                 pipe = self.redis.pipeline(transaction=False)
                 pipe.incr(name)
                 pipe.expire(name, COUNTER_TTL_SECONDS)
                 calls = int((await pipe.execute())[0])
-                if calls == 1:  # a counter Redis did not have: add what Postgres knows
-                    async with self.pool.acquire() as conn:
-                        stored = await keys_repo.calls_on(conn, key_id, day)
-                    if stored:
-                        calls = int(await self.redis.incrby(name, stored))
-            except (RedisError, OSError):
+            except UNREACHABLE:
                 logger.debug("daily call counter unavailable in Redis; counting in Postgres", exc_info=True)
             else:
-                self._unflushed[(key_id, day)] += 1
-                if self._flusher is None or self._flusher.done():
-                    self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
-                return calls
+                return await self.counted(key_id, calls)
         async with self.pool.acquire() as conn:
             return await keys_repo.count_call(conn, key_id)
+
+    async def counted(self, key_id: str, calls: int | None) -> int:
+        """The key's calls today after one call was counted in Redis (`calls`, from its gate or
+        count()); None: the call was not counted yet, so count it now."""
+        if calls is None:
+            return await self.count(key_id)
+        day = utc_today()
+        if calls == 1 and self.redis is not None:  # a counter Redis did not have: add what Postgres knows
+            async with self.pool.acquire() as conn:
+                stored = await keys_repo.calls_on(conn, key_id, day)
+            if stored:
+                try:
+                    calls = int(await self.redis.incrby(self._counter(key_id, day), stored))
+                except UNREACHABLE:
+                    calls += stored
+        self._unflushed[(key_id, day)] += 1
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
+        return calls
 
     async def _flush_loop(self) -> None:
         while self._unflushed:

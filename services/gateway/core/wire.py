@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
+import pydantic_core
 from mcp_types import INVALID_REQUEST
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import Message, Receive, Scope
+
+from services.gateway.core.scope import JSON_BODY_SCOPE_KEY
 
 # Not a seed code: the JSON-RPC server-error range, for 401 / 403 on an MCP endpoint.
 UNAUTHORIZED = -32001
@@ -51,3 +57,25 @@ def replay_body(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replay
+
+
+@dataclass(frozen=True)
+class JsonBody:
+    """A request body as JSON: its value, or why it is not JSON."""
+
+    value: Any = None
+    error: ValueError | None = None
+
+
+def json_body(scope: Scope, body: bytes) -> JsonBody:
+    """The body parsed once per request for every layer that reads it (the front door, the
+    JSON-RPC guard), with the MCP SDK's own parser (its depth limit, NaN read as a number)."""
+    cached: tuple[bytes, JsonBody] | None = scope.get(JSON_BODY_SCOPE_KEY)
+    if cached is not None and cached[0] == body:
+        return cached[1]
+    try:
+        parsed = JsonBody(pydantic_core.from_json(body))
+    except ValueError as exc:
+        parsed = JsonBody(error=exc)
+    scope[JSON_BODY_SCOPE_KEY] = (body, parsed)
+    return parsed

@@ -70,6 +70,10 @@ def _text_result(result: dict[str, Any], is_error: bool = False) -> types.CallTo
     )
 
 
+def _daily_limit_exceeded(limit: int) -> MCPError:
+    return MCPError(code=DAILY_LIMIT_EXCEEDED, message=f"Daily limit exceeded ({limit} calls per day)")
+
+
 RESOURCES = {
     "memory://stats": ("stats", "Fragment counts by type and tier, from memory_stats"),
     "memory://topics": ("topics", "Every distinct topic label the caller can see"),
@@ -229,12 +233,7 @@ class McpHandler:
         arguments = dict(params.arguments or {})
         try:
             check_permission(principal, spec.name, spec.permission)
-            await self._enforce_daily_limit(principal)
-            session = _session(ctx)
-            wire_session = None
-            if session is not None:
-                segment = await self.sessions.current_segment(session, spec.name)
-                wire_session = {"id": segment, "transport_id": session.session_id}
+            wire_session = await self._record_call(principal, _session(ctx), spec.name)
             check_storable(arguments)  # NaN / Infinity cannot cross the internal JSON hop
             if spec.service == "gateway":
                 result, is_error = await self._gateway_tool(ctx, spec, arguments)
@@ -258,12 +257,22 @@ class McpHandler:
             return await rotate(self.sessions, session, session.current_client_id, args.reason or "explicit_rotate"), False
         raise MCPError(code=-32602, message=f"Unknown tool: {spec.name}")
 
-    async def _enforce_daily_limit(self, principal: Principal) -> None:
-        if principal.key_id is None or principal.daily_limit is None:
-            return
-        calls = await self.daily_calls.count(principal.key_id)
-        if calls > principal.daily_limit:
-            raise MCPError(code=DAILY_LIMIT_EXCEEDED, message=f"Daily limit exceeded ({principal.daily_limit} calls per day)")
+    async def _record_call(self, principal: Principal, session: ActiveSession | None, tool: str) -> dict[str, Any] | None:
+        """Count the call against the key's daily_limit and record it in its session (the
+        wire session it is forwarded with): where both live in Redis, in one round trip."""
+        key_id, limit = principal.key_id, principal.daily_limit
+        gate = self.daily_calls.gate(key_id, limit) if key_id is not None and limit is not None and session else None
+        # Without a session or without Redis the call is counted on its own, first.
+        if gate is None and key_id is not None and limit is not None and await self.daily_calls.count(key_id) > limit:
+            raise _daily_limit_exceeded(limit)
+        if session is None:
+            return None
+        segment, counted = await self.sessions.current_segment(session, tool, gate)
+        if gate is not None and key_id is not None:
+            calls = await self.daily_calls.counted(key_id, counted)
+            if segment is None or calls > gate.limit:  # segment None: the gate refused it
+                raise _daily_limit_exceeded(gate.limit)
+        return {"id": segment, "transport_id": session.session_id}
 
     # -- prompts -------------------------------------------------------------------------
     async def list_prompts(self, ctx: Ctx, params: types.PaginatedRequestParams | None) -> types.ListPromptsResult:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -25,6 +26,7 @@ from mcp.server.runner import serve_loop
 from mcp.server.sse import SseServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
+from mcp_types import JSONRPCRequest
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.datastructures import Headers
 from starlette.requests import Request
@@ -33,6 +35,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from services.gateway.core.scope import (
     INITIALIZE_SCOPE_KEY,
+    MESSAGE_SCOPE_KEY,
     OPENED_SCOPE_KEY,
     PRINCIPAL_SCOPE_KEY,
     SESSION_SCOPE_KEY,
@@ -40,6 +43,7 @@ from services.gateway.core.scope import (
 )
 from services.gateway.core.wire import jsonrpc_error, session_id_missing, session_not_found, unauthorized
 from services.gateway.mcp import modes
+from services.gateway.mcp.exchange import JsonExchange
 from services.gateway.sessions import ActiveSession, Sessions
 from shared.settings import GatewaySettings
 
@@ -88,8 +92,15 @@ class Transports:
         self.sse = SseServerTransport("/message", security_settings=security, max_request_body_size=settings.max_body_bytes)
         # GET and DELETE are served here, not by the SDK: the same Host / Origin checks.
         self.security = TransportSecurityMiddleware(security)
+        self.exchange = JsonExchange(server, self.security)
         # Legacy SSE sessions whose stream this replica holds -> the cancel scope of its loop.
         self._sse_streams: dict[str, anyio.CancelScope] = {}
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """The SDK's session manager, and the server's lifespan for the requests served here."""
+        async with self.streamable.run(), self.exchange.running():
+            yield
 
     # -- Streamable HTTP ---------------------------------------------------------------
     async def mcp(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -127,6 +138,8 @@ class Transports:
         elif scope["method"] == "DELETE":
             await self.sessions.detach(session, "client_delete")
             await Response(status_code=200)(scope, receive, send)
+        elif isinstance(message := scope.get(MESSAGE_SCOPE_KEY), JSONRPCRequest) and message.method != "initialize":
+            await self.exchange(scope, receive, _naming(session.current_client_id, send), message)
         else:
             await self.streamable.handle_request(scope, receive, _naming(session.current_client_id, send))
 

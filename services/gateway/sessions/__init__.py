@@ -3,11 +3,12 @@
 from services.gateway.sessions.fallback import FallbackSessionStore
 from services.gateway.sessions.model import ActiveSession, SessionGone, Transport, token_digest
 from services.gateway.sessions.service import Sessions
-from services.gateway.sessions.store import MemorySessionStore, RedisSessionStore, SessionStore
+from services.gateway.sessions.store import Gate, MemorySessionStore, RedisSessionStore, SessionStore
 
 __all__ = [
     "ActiveSession",
     "FallbackSessionStore",
+    "Gate",
     "MemorySessionStore",
     "RedisSessionStore",
     "SessionGone",

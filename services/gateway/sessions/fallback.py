@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import contextlib
 
+from services.gateway.core.round_trip import RoundTrip
 from services.gateway.sessions.store import (
     UNREACHABLE,
+    CallTimes,
     Change,
     Document,
+    Gate,
+    Loading,
     MemorySessionStore,
+    Recorded,
     RedisSessionStore,
 )
 
@@ -70,6 +75,26 @@ class FallbackSessionStore:
         except UNREACHABLE:
             found = None
         return found if found is not None else await self.local.load(id_key, doc_prefix, ttl, touch=touch)
+
+    def queue_load(self, trip: RoundTrip, id_key: str, doc_prefix: str, ttl: float, *, touch: bool) -> Loading:
+        return self.primary.queue_load(trip, id_key, doc_prefix, ttl, touch=touch)
+
+    async def loaded(self, loading: Loading) -> tuple[Document, Document] | None:
+        try:
+            found = await self.primary.loaded(loading)
+        except UNREACHABLE:
+            found = None
+        return found if found is not None else await self.local.loaded(loading)
+
+    async def record(
+        self, key: str, log_key: str, entry: Document, keep: int, ttl: float, call: CallTimes, gate: Gate | None = None
+    ) -> Recorded:
+        if await self.local.get(key) is not None:
+            return await self.local.record(key, log_key, entry, keep, ttl, call, gate)
+        try:
+            return await self.primary.record(key, log_key, entry, keep, ttl, call, gate)
+        except UNREACHABLE:
+            return Recorded("gone")
 
     async def swap(
         self, key: str, version: int, value: Document, ttl: float, log_key: str, entry: Document, keep: int

@@ -32,6 +32,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -40,6 +41,7 @@ from celery import Celery
 from prometheus_client import Counter, Gauge
 from redis.exceptions import RedisError
 
+from services.gateway.core.round_trip import RoundTrip
 from services.gateway.sessions.model import (
     ActiveSession,
     SessionGone,
@@ -51,7 +53,7 @@ from services.gateway.sessions.model import (
     token_digest,
     token_key,
 )
-from services.gateway.sessions.store import Document, SessionStore
+from services.gateway.sessions.store import CallTimes, Document, Gate, Loading, SessionStore
 from shared.domain.principal import Principal
 from shared.jobs import send_job
 from shared.repositories import sessions as sessions_repo
@@ -77,6 +79,14 @@ ACTIVITY_FLUSH_SECONDS = 1.0
 ACTIVITY_KEPT = 100
 # Keys outlive the idle timeout by this much, so the sweep still finds what it ends.
 KEY_GRACE_SECONDS = 120.0
+
+
+@dataclass(frozen=True)
+class Resolving:
+    """A resolve() queued in a round trip."""
+
+    client_id: str | None
+    loading: Loading | None
 
 
 def _now_iso() -> str:
@@ -197,7 +207,20 @@ class Sessions:
         """The live session a client id names, or None (unknown, ended, or taken over)."""
         if not client_id:
             return None
-        found = await self.store.load(id_key(client_id), doc_key(""), self.ttl, touch=touch)
+        return self._active(client_id, await self.store.load(id_key(client_id), doc_key(""), self.ttl, touch=touch))
+
+    def queue_resolve(self, trip: RoundTrip, client_id: str | None) -> Resolving:
+        """resolve() within a request's round trip (core/round_trip.py); resolved() reads it."""
+        loading = self.store.queue_load(trip, id_key(client_id), doc_key(""), self.ttl, touch=True) if client_id else None
+        return Resolving(client_id, loading)
+
+    async def resolved(self, resolving: Resolving) -> ActiveSession | None:
+        if resolving.client_id is None or resolving.loading is None:
+            return None
+        return self._active(resolving.client_id, await self.store.loaded(resolving.loading))
+
+    @staticmethod
+    def _active(client_id: str, found: tuple[Document, Document] | None) -> ActiveSession | None:
         if found is None:
             return None
         record, doc = found
@@ -221,15 +244,40 @@ class Sessions:
         await self.store.update(doc_key(session.handle), change, self.ttl)
 
     # -- segments ----------------------------------------------------------------------
-    async def current_segment(self, session: ActiveSession, tool: str) -> str:
-        """The segment id this call belongs to, rotating the segment first when it went idle
-        or outlived its lifetime. The document changes only if no replica changed it since it
-        was read (a versioned swap), so of two replicas serving calls of one session at once
-        only one rotates a segment; the other reads again and goes on."""
+    async def current_segment(self, session: ActiveSession, tool: str, gate: Gate | None = None) -> tuple[str | None, int | None]:
+        """Record a tool call of the session: (the segment id it belongs to, the gate's count).
+        The segment rotates first when it went idle or outlived its lifetime. `gate`: a
+        counter the call is counted on first, in the same round trip; past its limit the call
+        is not recorded and the segment is None. The count is None when the store could not
+        count it (without Redis): the caller counts it.
+
+        A call is recorded in one round trip that changes the document in the store only if
+        its segment stays (store.record); a rotation is a versioned swap, so of two replicas
+        serving calls of one session at once only one rotates a segment; the other reads
+        again and goes on."""
         entry = {"tool": tool, "at": _now_iso()}
+        now = time.time()
+        if self.segmented:
+            bounds = CallTimes(now, now - self.settings.segment_idle.total_seconds(), now - self.settings.segment_lifetime.total_seconds())
+        else:
+            bounds = CallTimes(now, 0.0, 0.0)
+        recorded = await self.store.record(
+            doc_key(session.handle), activity_key(session.handle), entry, ACTIVITY_KEPT, self.ttl, bounds, gate
+        )
+        if recorded.outcome == "refused":
+            return None, recorded.count
+        if recorded.outcome == "gone" or recorded.doc is None:
+            raise SessionGone(session.client_id)
+        after = recorded.doc if recorded.outcome == "recorded" else await self._rotated(session, recorded.doc, entry)
+        segment = segment_of(after, self.segmented)
+        self._pending.setdefault(segment, []).append(entry)
+        return segment, recorded.count
+
+    async def _rotated(self, session: ActiveSession, current: Document, entry: dict[str, Any]) -> Document:
+        """Record a call whose segment went idle or outlived its lifetime: a new segment."""
         idle = self.settings.segment_idle.total_seconds()
         lifetime = self.settings.segment_lifetime.total_seconds()
-        before: Document | None = session.doc  # as this request resolved it: usually current
+        before: Document | None = current
         while True:
             if before is None:
                 raise SessionGone(session.client_id)
@@ -245,19 +293,17 @@ class Sessions:
                 after.update(seq=before["seq"] + 1, segment_started=now, segment_calls=0)
             after["last_activity"] = now
             after["segment_calls"] = after["segment_calls"] + 1
-            swapped, current = await self.store.swap(
+            swapped, current_doc = await self.store.swap(
                 doc_key(session.handle), int(before.get("v", 0)), after, self.ttl,
                 activity_key(session.handle), entry, ACTIVITY_KEPT,
             )
             if swapped:
                 break
-            before = current
+            before = current_doc
         if reason is not None:
             SEGMENT_ROTATIONS.labels(reason).inc()
             await self._hand_over(after, segment_of(before, True), reason, before["segment_calls"])
-        segment = segment_of(after, self.segmented)
-        self._pending.setdefault(segment, []).append(entry)
-        return segment
+        return after
 
     async def activity(self, session: ActiveSession) -> list[dict[str, Any]]:
         """The session's last ACTIVITY_KEPT tool calls, oldest first."""

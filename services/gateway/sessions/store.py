@@ -12,10 +12,13 @@ import asyncio
 import json
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError, WatchError
+from redis.exceptions import NoScriptError, RedisError, WatchError
+
+from services.gateway.core.round_trip import Reply, RoundTrip
 
 Document = dict[str, Any]
 Change = Callable[[Document], Document | None]  # the new document, or None to delete it
@@ -46,12 +49,28 @@ class SessionStore(Protocol):
         round trip; `touch` refreshes both keys and the last-used time."""
         ...
 
+    def queue_load(self, trip: RoundTrip, id_key: str, doc_prefix: str, ttl: float, *, touch: bool) -> Loading:
+        """load() within a request's round trip (core/round_trip.py); loaded() reads it."""
+        ...
+
+    async def loaded(self, loading: Loading) -> tuple[Document, Document] | None: ...
+
     async def swap(
         self, key: str, version: int, value: Document, ttl: float, log_key: str, entry: Document, keep: int
     ) -> tuple[bool, Document | None]:
         """Replace the document if it is still at `version` (its "v"), and append `entry` to
         the log at `log_key` (the newest `keep` kept): (True, None), or (False, the document
-        as it is now, None when gone). One round trip: the tool call's hot path."""
+        as it is now, None when gone)."""
+        ...
+
+    async def record(
+        self, key: str, log_key: str, entry: Document, keep: int, ttl: float, call: CallTimes, gate: Gate | None = None
+    ) -> Recorded:
+        """One tool call, in one round trip (the hot path): count it on `gate` first (refused
+        past its limit: nothing recorded); then, unless the document's segment has to rotate
+        first, set its last_activity to `call.now`, count it in segment_calls and append
+        `entry` to the log at `log_key`. A store without the gate's counter leaves it
+        uncounted (Recorded.count None)."""
         ...
 
     async def log(self, log_key: str) -> list[Document]: ...
@@ -71,11 +90,62 @@ class SessionStore(Protocol):
     async def aclose(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class CallTimes:
+    """When a call happens, and the bounds past which its segment rotates instead: a document
+    whose last_activity is before `idle_before`, or whose segment started before
+    `lifetime_before`, is left for the caller's versioned swap (0 turns a bound off)."""
+
+    now: float
+    idle_before: float
+    lifetime_before: float
+
+    def rotates(self, doc: Document) -> bool:
+        return float(doc["last_activity"]) < self.idle_before or float(doc["segment_started"]) < self.lifetime_before
+
+
+@dataclass(frozen=True)
+class Gate:
+    """A counter a call is counted on in the round trip that records it, before it is
+    recorded; past `limit` it is not recorded (a key's calls today: core/usage.py)."""
+
+    key: str
+    limit: int
+    ttl: float
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What record() did: "recorded" (`doc` holds the segment's session_id and seq), "rotate"
+    (nothing changed; `doc` is the document as it is), "refused" (the gate is past its limit)
+    or "gone"; `count`: the gate's count, None when the gate was not counted."""
+
+    outcome: Literal["recorded", "rotate", "refused", "gone"]
+    doc: Document | None = None
+    count: int | None = None
+
+
+@dataclass(frozen=True)
+class Loading:
+    """A load() queued in a round trip."""
+
+    id_key: str
+    doc_prefix: str
+    ttl: float
+    touch: bool
+    reply: Reply | None = None
+
+
 def _bumped(before: Document, after: Document | None) -> Document | None:
     """Every change moves the version on, so a swap based on an older read fails."""
     if after is not None:
         after["v"] = int(before.get("v", 0)) + 1
     return after
+
+
+def _count(value: Any) -> int | None:
+    """A gate's count from a Lua reply (-1: no gate)."""
+    return int(value) if int(value) >= 0 else None
 
 
 def _ttl_ms(ttl: float) -> int:
@@ -108,12 +178,39 @@ redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return {2}
 """
 
+# A tool call changes three fields of the document: in Redis, so that the gateway neither
+# decodes nor encodes it per call. cjson writes numbers with 14 significant digits (a time
+# keeps 0.1 ms); a document has no arrays (cjson would write an empty one as {}).
+_RECORD = """
+local current = redis.call('GET', KEYS[1])
+if not current then return {0} end
+local count = -1
+if KEYS[3] then
+  count = redis.call('INCR', KEYS[3])
+  redis.call('PEXPIRE', KEYS[3], ARGV[8])
+  if count > tonumber(ARGV[7]) then return {3, count} end
+end
+local doc = cjson.decode(current)
+if tonumber(doc['last_activity']) < tonumber(ARGV[2]) or tonumber(doc['segment_started']) < tonumber(ARGV[3]) then
+  return {1, current, count}
+end
+doc['last_activity'] = tonumber(ARGV[1])
+doc['segment_calls'] = (tonumber(doc['segment_calls']) or 0) + 1
+doc['v'] = (tonumber(doc['v']) or 0) + 1
+redis.call('SET', KEYS[1], cjson.encode(doc), 'PX', ARGV[4])
+redis.call('RPUSH', KEYS[2], ARGV[5])
+redis.call('LTRIM', KEYS[2], -tonumber(ARGV[6]), -1)
+redis.call('PEXPIRE', KEYS[2], ARGV[4])
+return {2, doc['session_id'], doc['seq'], count}
+"""
+
 
 class RedisSessionStore:
     def __init__(self, redis: aioredis.Redis) -> None:
         self.redis = redis
         self._load = redis.register_script(_LOAD)
         self._swap = redis.register_script(_SWAP)
+        self._record = redis.register_script(_RECORD)
 
     async def get(self, key: str) -> Document | None:
         raw = await self.redis.get(key)
@@ -160,6 +257,42 @@ class RedisSessionStore:
         if not found:
             return None
         return json.loads(found[0]), json.loads(found[1])
+
+    def _load_args(self, loading: Loading) -> list[Any]:
+        return [loading.doc_prefix, "1" if loading.touch else "0", _ttl_ms(loading.ttl), LAST_USED_INDEX, time.time()]
+
+    def queue_load(self, trip: RoundTrip, id_key: str, doc_prefix: str, ttl: float, *, touch: bool) -> Loading:
+        loading = Loading(id_key, doc_prefix, ttl, touch)
+        reply = trip.queue("EVALSHA", self._load.sha, 1, id_key, *self._load_args(loading))
+        return Loading(id_key, doc_prefix, ttl, touch, reply)
+
+    async def loaded(self, loading: Loading) -> tuple[Document, Document] | None:
+        if loading.reply is None:
+            return await self.load(loading.id_key, loading.doc_prefix, loading.ttl, touch=loading.touch)
+        try:
+            found = loading.reply.result()
+        except NoScriptError:  # a restarted Redis forgot the script; the Script call loads it again
+            found = await self._load(keys=[loading.id_key], args=self._load_args(loading))
+        if not found:
+            return None
+        return json.loads(found[0]), json.loads(found[1])
+
+    async def record(
+        self, key: str, log_key: str, entry: Document, keep: int, ttl: float, call: CallTimes, gate: Gate | None = None
+    ) -> Recorded:
+        keys = [key, log_key] if gate is None else [key, log_key, gate.key]
+        args: list[Any] = [call.now, call.idle_before, call.lifetime_before, _ttl_ms(ttl), json.dumps(entry), keep]
+        if gate is not None:
+            args += [gate.limit, _ttl_ms(gate.ttl)]
+        outcome = await self._record(keys=keys, args=args)
+        if outcome[0] == 2:
+            session_id = outcome[1].decode() if isinstance(outcome[1], bytes) else str(outcome[1])
+            return Recorded("recorded", {"session_id": session_id, "seq": int(outcome[2])}, _count(outcome[3]))
+        if outcome[0] == 1:
+            return Recorded("rotate", json.loads(outcome[1]), _count(outcome[2]))
+        if outcome[0] == 3:
+            return Recorded("refused", count=int(outcome[1]))
+        return Recorded("gone")
 
     async def swap(
         self, key: str, version: int, value: Document, ttl: float, log_key: str, entry: Document, keep: int
@@ -260,6 +393,32 @@ class MemorySessionStore:
             await self.touch(record["h"], [id_key, doc_prefix + record["h"]], ttl)
         return record, doc
 
+    def queue_load(self, trip: RoundTrip, id_key: str, doc_prefix: str, ttl: float, *, touch: bool) -> Loading:
+        return Loading(id_key, doc_prefix, ttl, touch)
+
+    async def loaded(self, loading: Loading) -> tuple[Document, Document] | None:
+        return await self.load(loading.id_key, loading.doc_prefix, loading.ttl, touch=loading.touch)
+
+    async def record(
+        self, key: str, log_key: str, entry: Document, keep: int, ttl: float, call: CallTimes, gate: Gate | None = None
+    ) -> Recorded:
+        # No gate's counter here (without Redis, core/usage.py counts in Postgres): uncounted.
+        async with self._lock:
+            doc = await self.get(key)
+            if doc is None:
+                return Recorded("gone")
+            if call.rotates(doc):
+                return Recorded("rotate", doc)
+            doc["last_activity"] = call.now
+            doc["segment_calls"] = doc.get("segment_calls", 0) + 1
+            doc["v"] = int(doc.get("v", 0)) + 1
+            await self.put(key, doc, ttl)
+            self._append(log_key, entry, keep)
+            return Recorded("recorded", doc)
+
+    def _append(self, log_key: str, entry: Document, keep: int) -> None:
+        self._logs[log_key] = [*self._logs.get(log_key, [])[-(keep - 1):], json.dumps(entry)]
+
     async def swap(
         self, key: str, version: int, value: Document, ttl: float, log_key: str, entry: Document, keep: int
     ) -> tuple[bool, Document | None]:
@@ -271,7 +430,7 @@ class MemorySessionStore:
                 return False, current
             value["v"] = version + 1
             await self.put(key, value, ttl)
-            self._logs[log_key] = [*self._logs.get(log_key, [])[-(keep - 1):], json.dumps(entry)]
+            self._append(log_key, entry, keep)
             return True, None
 
     async def log(self, log_key: str) -> list[Document]:
