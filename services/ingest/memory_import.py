@@ -43,6 +43,9 @@ router = APIRouter()
 # Entries embedded and inserted per statement: 256 texts are a few model slices on 2 cores and
 # one INSERT ... unnest; the batch is all the document this process holds besides `data`.
 IMPORT_BATCH = 256
+# ... or fewer when they are long: 209 entries of 100 KB in one INSERT (full-text vectors of
+# 20 MB) ran into the pool's 30 s statement timeout on a loaded 2-core machine.
+IMPORT_BATCH_CHARS = 2_000_000
 # The document is fed to the parser in slices of this many characters.
 READ_CHARS = 64 * 1024
 
@@ -107,6 +110,7 @@ class _Pending:
     namespaces: list[Any] = field(default_factory=list)
     metadata: list[dict[str, Any] | None] = field(default_factory=list)
     updated: list[Any] = field(default_factory=list)
+    chars: int = 0
 
 
 class MemoryImport:
@@ -227,7 +231,8 @@ class MemoryImport:
         batch.namespaces.append(target["id"])
         batch.metadata.append(metadata)
         batch.updated.append(banks.parse_time(item.get("updatedAt")))
-        if len(batch.fragments) >= IMPORT_BATCH:
+        batch.chars += len(content)
+        if len(batch.fragments) >= IMPORT_BATCH or batch.chars >= IMPORT_BATCH_CHARS:
             await self._flush()
 
     async def _flush(self) -> None:

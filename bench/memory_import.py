@@ -1,0 +1,96 @@
+"""What a large POST /api/v1/memory/import (reference 001) costs in memory: the peak resident
+memory the gateway and ingest gain while importing a document of --mib MiB, next to the
+document's size. The import is parsed as a stream (services/ingest/memory_import.py): each
+process should hold the document about once, not the document plus an object tree of it.
+
+Entries are long single sentences (no passages to embed), so the run measures the parse and
+the writes rather than the model:
+
+    python -m bench.memory_import            # a private stack, 40 MiB
+    python -m bench.memory_import --mib 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+import uuid
+
+import httpx
+import psutil
+
+from bench.harness import print_table, private_stack
+
+# A ~100 KB entry: words without a sentence end, so the write embeds one text per entry.
+WORDS = "shard replica quorum lease fencing token epoch leader follower snapshot compaction".split()
+
+
+def document(mib: int) -> bytes:
+    entry_chars = 100_000
+    count = mib * 1024 * 1024 // entry_chars
+    entries = [
+        {"content": f"entry {i} " + " ".join(WORDS[(i + j) % len(WORDS)] for j in range(entry_chars // 8)),
+         "source": "auto", "tags": ["bench"], "metadata": {"i": i}}
+        for i in range(count)
+    ]
+    doc = {"version": 1, "exportedAt": "2026-01-01T00:00:00Z",
+           "namespaces": [{"namespace": {"name": f"bench-{uuid.uuid4().hex[:6]}", "description": ""}, "entries": entries}]}
+    return json.dumps({"data": json.dumps(doc)}).encode()
+
+
+class PeakRss:
+    """Samples a process's resident memory every 20 ms until stopped."""
+
+    def __init__(self, process: psutil.Process) -> None:
+        self.process = process
+        self.start = process.memory_info().rss
+        self.peak = self.start
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.process.memory_info().rss)
+            time.sleep(0.02)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak - self.start
+
+
+def _service(name: str) -> psutil.Process:
+    for child in psutil.Process().children(recursive=True):
+        if any(f"services.{name}.app" in part for part in child.cmdline()):
+            return child
+    raise RuntimeError(f"no {name} process under this one")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mib", type=int, default=40)
+    args = parser.parse_args()
+    body = document(args.mib)
+    with private_stack() as target:
+        base = target.mcp_url.removesuffix("/mcp")
+        ingest, gateway = PeakRss(_service("ingest")), PeakRss(_service("gateway"))
+        started = time.perf_counter()
+        reply = httpx.post(f"{base}/api/v1/memory/import", content=body, timeout=3600,
+                           headers={"X-API-Key": target.key, "content-type": "application/json"})
+        seconds = time.perf_counter() - started
+        ingest_peak, gateway_peak = ingest.stop(), gateway.stop()
+        reply.raise_for_status()
+        size = len(body) / 2**20
+        print_table(
+            f"POST /api/v1/memory/import of a {size:.1f} MiB body ({reply.json()['entriesImported']} entries, {seconds:.1f} s)",
+            ["process", "peak RSS gained (MiB)", "x the body"],
+            [["gateway", f"{gateway_peak / 2**20:.1f}", f"{gateway_peak / len(body):.2f}"],
+             ["ingest", f"{ingest_peak / 2**20:.1f}", f"{ingest_peak / len(body):.2f}"]],
+        )
+
+
+if __name__ == "__main__":
+    main()
