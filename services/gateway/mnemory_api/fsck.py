@@ -12,14 +12,14 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Request
 from pydantic import Field
 
 from services.gateway.core.state import gateway_state
+from services.gateway.mnemory_api import upstream
 from services.gateway.mnemory_api.auth import MnemoryCaller, reader, writer
 from shared.contract.base import ToolArgs
-from shared.domain import mnemory as model
+from shared.contract.mnemory import MAX_BY_IDS
 from shared.domain.fragment import MAX_INT64
 from shared.jobs import QUEUE_MAINTENANCE, send_job
 from shared.repositories import fsck as fsck_repo
 from shared.repositories import maintenance as runs_repo
-from shared.repositories import mnemory_memories as memories_repo
 from shared.repositories.maintenance import Tenant
 
 router = APIRouter(prefix="/api/fsck", tags=["fsck"])
@@ -126,8 +126,11 @@ async def get_fsck_status(request: Request, check_id: CheckId, who: Reader) -> d
         return reply
     async with gateway_state(request).pool.acquire() as conn:
         issues = await fsck_repo.issues_of_run(conn, check_id)
-        ids = sorted({fid for issue in issues for fid in issue["fragmentIds"]})
-        rows = {r["id"]: r for r in await memories_repo.by_ids(conn, who.principal, ids)}
+    ids = sorted({fid for issue in issues for fid in issue["fragmentIds"]})
+    memories: dict[str, dict[str, Any]] = {}
+    for start in range(0, len(ids), MAX_BY_IDS):  # the affected memories, read by recall as the caller
+        found = await upstream.call(request, "recall", "mnemory_by_ids", who, {"ids": ids[start:start + MAX_BY_IDS]})
+        memories.update((m["id"], m) for m in found["results"])
     summary = dict.fromkeys(ISSUE_TYPES, 0)
     for issue in issues:
         summary[issue["type"]] = summary.get(issue["type"], 0) + 1
@@ -137,9 +140,9 @@ async def get_fsck_status(request: Request, check_id: CheckId, who: Reader) -> d
             "issue_id": str(issue["id"]), "type": issue["type"], "severity": issue["severity"],
             "confidence": issue["confidence"], "reasoning": issue["reason"],
             "affected_memories": [
-                {"id": fid, "content": rows[fid]["content"], "metadata": model.memory_item(rows[fid])["metadata"],
-                 "agent_id": rows[fid]["agent_id"] if rows[fid]["agent_id"] != "default" else None}
-                for fid in issue["fragmentIds"] if fid in rows
+                {"id": fid, "content": memories[fid]["memory"], "metadata": memories[fid]["metadata"],
+                 "agent_id": memories[fid]["metadata"].get("agent_id")}
+                for fid in issue["fragmentIds"] if fid in memories
             ],
             "actions": _actions(issue["actions"]),
             "applied": issue["status"] == "applied",
