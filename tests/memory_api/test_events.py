@@ -329,3 +329,33 @@ def test_stream_ids_and_loss_detection() -> None:
     # Redis 6.2 (no max-deleted-entry-id): older than the oldest kept counts as lost
     old_redis = LogBounds(first=StreamId(10, 0), last=StreamId(20, 0), max_deleted=None)
     assert old_redis.lost_after(StreamId(8, 0)) and not old_redis.lost_after(StreamId(9, 2**64 - 1))
+
+
+async def test_the_rest_api_and_its_import_publish_as_the_reference_says(stack: Stack, replica: Gateway) -> None:
+    key, _ = await create_api_key(stack.database_url)
+    api = f"{stack.gateway_url}/api/v1/memory"
+    headers = {"X-API-Key": key}
+    async with subscribe(replica.url, key) as sse, httpx.AsyncClient(timeout=WAIT, headers=headers) as http:
+        made = await http.post(f"{api}/namespaces", json={"name": unique("Coding style"), "description": "Conventions"})
+        assert made.status_code == 201, made.text
+        ns = made.json()["id"]
+        assert kinds(await sse.events(1)) == [(NAMESPACES_CHANGED, ns)]
+        entry = await http.post(f"{api}/namespaces/{ns}/entries", json={"content": "Prefer pnpm over npm here.", "source": "manual"})
+        assert entry.status_code == 201, entry.text
+        assert kinds(await sse.events(1)) == [(ENTRIES_CHANGED, ns)]
+        assert (await http.put(f"{api}/namespaces/{ns}", json={"description": "Conventions of this codebase"})).status_code == 200
+        assert (await http.patch(f"{api}/namespaces/{ns}/toggle", json={"enabled": False})).status_code == 200
+        assert kinds(await sse.events(2)) == [(NAMESPACES_CHANGED, ns)] * 2
+
+        # A whole-store import that only merges into an existing bank: entries-changed for
+        # that bank, no namespaces-changed (reference 001). The toggle after it is the next.
+        document = (await http.get(f"{api}/export")).json()
+        merged = await http.post(f"{api}/import", params={"onConflict": "merge"}, json={"data": json.dumps(document)})
+        assert merged.status_code == 200 and merged.json()["entriesImported"] == 1, merged.text
+        assert (await http.patch(f"{api}/namespaces/{ns}/toggle", json={"enabled": True})).status_code == 200
+        assert kinds(await sse.events(2)) == [(ENTRIES_CHANGED, ns), (NAMESPACES_CHANGED, ns)]
+
+        # Deleting the bank deletes its entries with it: one namespaces-changed says both.
+        assert (await http.delete(f"{api}/namespaces/{ns}")).status_code == 204
+        other = await http.post(f"{api}/namespaces", json={"name": unique("After"), "description": ""})
+        assert kinds(await sse.events(2)) == [(NAMESPACES_CHANGED, ns), (NAMESPACES_CHANGED, other.json()["id"])]

@@ -40,12 +40,13 @@ from fastapi import APIRouter, FastAPI, Header, Query, Request, WebSocket, WebSo
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from starlette.requests import HTTPConnection
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from services.gateway.core.auth import bearer_token
 from services.gateway.core.caller import API_KEY_HEADER, caller, has_permission
 from services.gateway.core.scope import TOKEN_SCOPE_KEY
 from services.gateway.core.state import gateway_state
+from services.gateway.memory_api.wire import error_response
 from shared.domain.principal import Principal, TenantScope
 from shared.memory_events import (
     EVENT_TYPES,
@@ -245,11 +246,10 @@ def _hub(connection: HTTPConnection) -> EventHub | None:
     return hub
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
-
-
 NO_STREAM = "memory events need Redis (REDIS_ENABLED=true and REDIS_URL): the event log lives there"
+UNREACHABLE = "the event log (Redis) is unreachable"
+UNAUTHORIZED = "an API key is required (X-API-Key or Authorization: Bearer)"
+FORBIDDEN = "this key lacks the memory_read scope (Engram permission 'read')"
 
 
 def _sse(frame: Frame, sent: StreamId | None) -> bytes:
@@ -277,21 +277,21 @@ async def memory_events(
 ) -> Response:
     principal = caller(request)
     if principal is None:
-        return _error(401, "Unauthorized")
+        return error_response(401, UNAUTHORIZED)
     if not has_permission(principal, "read"):
-        return _error(403, "Forbidden: memory_read scope required")
+        return error_response(403, FORBIDDEN)
     try:
         wanted, resume = parse_types(types), parse_resume(last_event_id, since)
     except BadRequest as exc:
-        return _error(400, str(exc))
+        return error_response(400, str(exc))
     hub = _hub(request)
     if hub is None:
-        return _error(503, NO_STREAM)
+        return error_response(503, NO_STREAM)
     try:
         sub, gap = await Subscription.open(hub, principal, wanted, resume)
     except (RedisError, OSError):
         logger.warning("memory events: the stream is unreachable", exc_info=True)
-        return _error(503, "the event log (Redis) is unreachable")
+        return error_response(503, UNREACHABLE)
     state = gateway_state(request)
     token = request.scope.get(TOKEN_SCOPE_KEY)
     keepalive = state.settings.memory_events_keepalive.total_seconds()
@@ -322,7 +322,7 @@ async def _refuse(websocket: WebSocket, status: int, message: str) -> None:
     """The handshake's answer as HTTP (status and JSON body) where the server can send one;
     else a close before accept, which servers answer with 403."""
     if "websocket.http.response" in websocket.scope.get("extensions", {}):
-        await websocket.send_denial_response(_error(status, message))
+        await websocket.send_denial_response(error_response(status, message))
     else:
         await websocket.close(code=1008, reason=message[:120])
 
@@ -333,10 +333,10 @@ async def memory_ws(websocket: WebSocket) -> None:
     token = _ws_token(websocket)
     principal = await state.authenticator.authenticate(token) if token else None
     if principal is None:
-        await _refuse(websocket, 401, "Unauthorized")
+        await _refuse(websocket, 401, UNAUTHORIZED)
         return
     if not has_permission(principal, "read"):
-        await _refuse(websocket, 403, "Forbidden: memory_read scope required")
+        await _refuse(websocket, 403, FORBIDDEN)
         return
     try:
         wanted = parse_types(websocket.query_params.get("types"))
@@ -351,7 +351,7 @@ async def memory_ws(websocket: WebSocket) -> None:
     try:
         sub, gap = await Subscription.open(hub, principal, wanted, resume)
     except (RedisError, OSError):
-        await _refuse(websocket, 503, "the event log (Redis) is unreachable")
+        await _refuse(websocket, 503, UNREACHABLE)
         return
     await websocket.accept()
     keepalive = state.settings.memory_events_keepalive.total_seconds()
