@@ -4,6 +4,7 @@ view's screenshot lands in .artifacts/console/ (README: "The admin console")."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -253,6 +254,37 @@ async def test_memory_browser_filters_pages_and_opens_a_fragment(logged_in: Cons
     await expect(page.locator("#versions li")).to_have_count(1)
     await expect(page.locator("#versions")).to_contain_text(seeded.decision_before)
     await logged_in.shot("fragment-versions")
+
+
+async def test_export_and_import_from_the_memory_browser(logged_in: Console, stack: Stack, seeded: Seeded, tmp_path: Path) -> None:
+    page = logged_in.page
+    await logged_in.open(f"memory?topic={seeded.topic}&key_id={seeded.key_id}")
+    await expect(page.locator("#fragments tbody tr")).to_have_count(3)
+    async with page.expect_download() as waiting:
+        await page.click("#export")
+    download = await waiting.value
+    exported = tmp_path / "export.jsonl"
+    await download.save_as(exported)
+    lines = [json.loads(line) for line in exported.read_text().splitlines() if line.strip()]
+    assert sorted(item["id"] for item in lines) == sorted([seeded.error_id, seeded.fix_id, seeded.decision_id])
+    assert {item["topic"] for item in lines} == {seeded.topic}
+    await expect(page.locator("#transfer-status")).to_contain_text("Exported 3 fragment(s).")
+
+    # Import two fragments (no ids: new ones) into another key.
+    _, target = await create_api_key(stack.database_url, name="console-import-target")
+    source = tmp_path / "import.jsonl"
+    source.write_text("\n".join(json.dumps({"content": c, "topic": "console-imported", "type": "fact"}) for c in (
+        "Imported through the console: the build cache lives on the NVMe volume.",
+        "Imported through the console: release tags are signed with the team key.",
+    )))
+    await logged_in.open("memory")
+    await page.set_input_files('#import-form input[name="import_file"]', str(source))
+    await page.select_option('#import-form select[name="import_key"]', target)
+    await page.click("#import-form button[type=submit]")
+    await expect(page.locator("#transfer-status")).to_contain_text("Imported 2 of 2")
+    async with admin_client(stack) as http:
+        stored = (await http.get("/memory/fragments", params={"key_id": target})).json()
+    assert stored["total"] == 2 and {item["topic"] for item in stored["items"]} == {"console-imported"}
 
 
 async def test_amend_and_forget_from_the_fragment_view(logged_in: Console, stack: Stack) -> None:

@@ -2,6 +2,7 @@
 // workspace, page, limit); a row opens the fragment's detail. The filters live in the URL
 // (#/memory?topic=...), so a filtered view can be bookmarked for this tab or reloaded.
 import { api } from "../lib/api.js";
+import { transferCard } from "./transfer.js";
 import { anyValue, card, field, fmtTime, h, label, preview, replace, rowsOf, select, short, table } from "../lib/dom.js";
 
 const TYPES = ["fact", "decision", "error", "preference", "procedure", "relation", "episode"];
@@ -46,7 +47,11 @@ export async function render(root, { query, navigate, alive }) {
   const overviewBox = h("div", { id: "memory-overview" }, h("p.muted", "loading…"));
   const results = h("div", { id: "fragments" }, h("p.muted", "loading…"));
   const pager = h("div.pager", { id: "pager" });
-  root.append(h("details.overview", h("summary", "Overview: types, topics, quality, superseded, recent activity"), overviewBox), card("fragments", form, results, pager));
+  root.append(
+    h("details.overview", h("summary", "Overview: types, topics, quality, superseded, recent activity"), overviewBox),
+    card("fragments", form, results, pager),
+    transferCard(filters, keys),
+  );
 
   api("GET", "/memory/overview")
     .then((overview) => alive() && replace(overviewBox, overviewView(overview)))
