@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -22,14 +24,17 @@ import websockets
 from websockets.exceptions import InvalidStatus
 
 from services.gateway.memory_api.events import EventHub, Subscription
-from services.stack.supervisor import ServiceProcess, Stack
+from services.stack.redis_server import LocalRedis
+from services.stack.redis_switch import RedisSwitch
+from services.stack.supervisor import ServiceProcess, Stack, free_port
 from shared.db import SEARCH_PATH
 from shared.domain.principal import Principal
 from shared.memory_events import ENTRIES_CHANGED, NAMESPACES_CHANGED, STREAM_GAP, STREAM_LAGGED, EventLog, LogBounds, StreamId
 from shared.repositories.memory_event_outbox import OutboxEvent
 from shared.settings import CommonSettings
 from tests.gateway.conftest import Gateway, start_gateway
-from tests.support import call, create_api_key, mcp_session, unique
+from tests.ingest.helpers import ingest_call
+from tests.support import call, create_api_key, mcp_session, new_stack_config, running, unique
 
 ADMIN = "/v1/internal/model/nothing"
 WAIT = 60.0  # generous: 2 cores shared by many test processes
@@ -359,3 +364,53 @@ async def test_the_rest_api_and_its_import_publish_as_the_reference_says(stack: 
         assert (await http.delete(f"{api}/namespaces/{ns}")).status_code == 204
         other = await http.post(f"{api}/namespaces", json={"name": unique("After"), "description": ""})
         assert kinds(await sse.events(2)) == [(NAMESPACES_CHANGED, ns), (NAMESPACES_CHANGED, other.json()["id"])]
+
+
+@pytest.fixture(scope="module")
+def redis_switch(stack_dir: Path) -> Iterator[RedisSwitch]:
+    redis = LocalRedis(stack_dir / "events-switched-redis", free_port())
+    redis.start()
+    switch = RedisSwitch(redis.port)
+    switch.start()
+    yield switch
+    switch.stop()
+    redis.stop()
+
+
+@pytest.fixture(scope="module")
+async def switched(stack: Stack, stack_dir: Path, redis_switch: RedisSwitch) -> AsyncIterator[Stack]:
+    """A stack of its own (its own Postgres: the session stack's relays would publish a
+    shared outbox) whose Redis a switch can hang; beat off, the ingest relay alone publishes."""
+    async with running(new_stack_config(stack_dir / "events-redis-faults", redis_url=redis_switch.url, beat=False)) as own:
+        yield own
+
+
+async def test_a_redis_outage_neither_fails_a_write_nor_loses_its_events(switched: Stack, redis_switch: RedisSwitch) -> None:
+    key, key_id = await create_api_key(switched.database_url)
+    principal = Principal(key_id=key_id, visible_key_ids=(key_id,)).to_wire()
+
+    async def write(topic: str) -> str:
+        started = time.monotonic()
+        reply = await ingest_call(switched, principal, "remember", fact(topic, f"Written while Redis is {redis_switch.mode}"))
+        print(f"remember with Redis {redis_switch.mode}: {(time.monotonic() - started) * 1000:.0f} ms")  # noqa: T201 - printed, never asserted
+        assert reply["result"]["success"] is True, reply
+        return str(reply["result"]["id"])
+
+    async with subscribe(switched.gateway_url, key) as sse:
+        first = await write(unique("bank"))
+        assert kinds(await sse.events(2)) == created(await namespace_of(switched, first))
+        redis_switch.set("hung")
+        try:
+            during = [await write(unique("bank")) for _ in range(2)]
+            conn = await asyncpg.connect(switched.database_url, server_settings={"search_path": SEARCH_PATH})
+            try:  # the events wait in Postgres, not in a process
+                waiting = await conn.fetchval("SELECT count(*) FROM memory_event_outbox WHERE key_id = $1", key_id)
+            finally:
+                await conn.close()
+            assert waiting == 4
+        finally:
+            redis_switch.set("up")
+        # The relay and the hub come back by themselves; the open stream delivers the rest.
+        async with asyncio.timeout(120):
+            late = [await sse._next_event() for _ in range(4)]  # a longer deadline than WAIT
+    assert kinds(late) == [*created(await namespace_of(switched, during[0])), *created(await namespace_of(switched, during[1]))]
