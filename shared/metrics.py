@@ -59,12 +59,12 @@ DB_POOL_WAITING = Gauge("engram_db_pool_waiting", "Callers waiting for a Postgre
 DB_POOL_MAX = Gauge("engram_db_pool_max", "Postgres pool size limit", ["service"])
 DEPENDENCY_UP = Gauge("engram_dependency_up", "1 when this process reached the dependency at scrape time", ["service", "dependency"])
 
-# Redis lists whose length is a backlog. Celery's queues are kombu lists named after the queue;
-# the batch queue is shared/repositories/batch_jobs.py's; recall's effects queue is
-# services/recall/effects.py's QUEUE (tests/ops/test_metrics.py checks both names).
+# Redis lists whose length is a backlog. Celery's queues are kombu lists named after the queue
+# (on the broker); the batch queue is shared/repositories/batch_jobs.py's and recall's effects
+# queue services/recall/effects.py's QUEUE (on REDIS_URL; tests/ops/test_metrics.py checks the names).
+CELERY_QUEUE_KEYS: dict[str, str] = {f"celery_{QUEUE_MAINTENANCE}": QUEUE_MAINTENANCE, f"celery_{QUEUE_BATCH}": QUEUE_BATCH}
 QUEUE_KEYS: dict[str, str] = {
-    f"celery_{QUEUE_MAINTENANCE}": QUEUE_MAINTENANCE,
-    f"celery_{QUEUE_BATCH}": QUEUE_BATCH,
+    **CELERY_QUEUE_KEYS,
     "batch_jobs": f"{BATCH_PREFIX}:queue",
     "batch_processing": f"{BATCH_PREFIX}:processing",
     "recall_effects": "engram:recall:effects",
@@ -129,30 +129,38 @@ class QueueDepthCollector(Collector):
     effects queue, and the batch queue's dead letters. Registered by the worker's /metrics
     (one process per deployment reads them; several workers report the same values: use max)."""
 
-    def __init__(self, redis_url: str) -> None:
-        self._redis = Redis.from_url(
-            redis_url, socket_timeout=SCRAPE_REDIS_TIMEOUT_S, socket_connect_timeout=SCRAPE_REDIS_TIMEOUT_S,
-        )
+    def __init__(self, redis_url: str, broker_url: str | None = None) -> None:
+        self._redis = self._client(redis_url)
+        self._broker = self._client(broker_url) if broker_url and broker_url != redis_url else self._redis
+
+    @staticmethod
+    def _client(url: str) -> Redis:
+        return Redis.from_url(url, socket_timeout=SCRAPE_REDIS_TIMEOUT_S, socket_connect_timeout=SCRAPE_REDIS_TIMEOUT_S)
+
+    @staticmethod
+    def _lengths(client: Redis, keys: list[str]) -> list[int]:
+        pipe = client.pipeline(transaction=False)
+        for key in keys:
+            pipe.llen(key)
+        return [int(n) for n in pipe.execute()]
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         depth = GaugeMetricFamily("engram_queue_depth", "Items waiting in a Redis-backed queue", labels=["queue"])
         dead = GaugeMetricFamily("engram_batch_dead_letters", "batch_remember jobs that failed every attempt")
         up = GaugeMetricFamily("engram_dependency_up", "1 when this process reached the dependency at scrape time",
                                labels=["service", "dependency"])
+        own = {name: key for name, key in QUEUE_KEYS.items() if name not in CELERY_QUEUE_KEYS}
         try:
-            pipe = self._redis.pipeline(transaction=False)
-            for key in QUEUE_KEYS.values():
-                pipe.llen(key)
-            pipe.llen(DEAD_LETTER_KEY)
-            lengths = pipe.execute()
+            celery = self._lengths(self._broker, list(CELERY_QUEUE_KEYS.values()))
+            *queues, dead_letters = self._lengths(self._redis, [*own.values(), DEAD_LETTER_KEY])
         except (RedisError, OSError):
             logger.warning("queue depths unavailable: Redis did not answer the scrape")
             up.add_metric(["worker", "redis"], 0)
             yield up
             return
-        for name, length in zip(QUEUE_KEYS, lengths[:-1], strict=True):
-            depth.add_metric([name], int(length))
-        dead.add_metric([], int(lengths[-1]))
+        for name, length in zip([*CELERY_QUEUE_KEYS, *own], [*celery, *queues], strict=True):
+            depth.add_metric([name], length)
+        dead.add_metric([], dead_letters)
         up.add_metric(["worker", "redis"], 1)
         yield depth
         yield dead

@@ -82,7 +82,7 @@ def _serve_metrics(**_: Any) -> None:
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)
     if settings.redis_active:
-        registry.register(QueueDepthCollector(settings.broker_url or settings.redis_url))
+        registry.register(QueueDepthCollector(settings.redis_url, settings.broker_url))
     try:
         start_http_server(port, addr="0.0.0.0", registry=registry)  # noqa: S104 - Prometheus scrapes the pod from outside
     except OSError:

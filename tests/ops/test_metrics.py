@@ -23,7 +23,7 @@ from services.stack.supervisor import free_port
 from shared.contract.catalog import TOOLS_BY_NAME
 from shared.db import create_pool
 from shared.jobs import QUEUE_BATCH, QUEUE_MAINTENANCE
-from shared.metrics import DEAD_LETTER_KEY, QUEUE_KEYS, observe_pool
+from shared.metrics import DEAD_LETTER_KEY, QUEUE_KEYS, QueueDepthCollector, observe_pool
 from shared.repositories.batch_jobs import BatchQueue
 from shared.settings import CommonSettings
 from tests.support import Stack, call, create_api_key, mcp_session, unique
@@ -200,3 +200,22 @@ async def test_dependency_probes_tell_a_busy_pool_from_a_postgres_that_is_away(s
         await dead.close()
         await redis_live.aclose()
         await redis_dead.aclose()
+
+
+async def test_celery_queues_are_read_on_the_broker_and_the_others_on_redis(stack: Stack) -> None:
+    """A broker apart from REDIS_URL (CELERY_BROKER_URL): Celery's queues are counted there."""
+    broker_url = stack.redis_url.rsplit("/", 1)[0] + "/15"  # a database nothing else on this Redis uses
+    broker = Redis.from_url(broker_url)
+    try:
+        await broker.delete(QUEUE_MAINTENANCE)
+        await broker.lpush(QUEUE_MAINTENANCE, "a", "b")
+        families = {f.name: f for f in QueueDepthCollector(stack.redis_url, broker_url).collect()}
+        depths = {s.labels["queue"]: s.value for s in families["engram_queue_depth"].samples}
+        assert depths["celery_maintenance"] == 2 and set(depths) == set(QUEUE_KEYS)
+        assert families["engram_dependency_up"].samples[0].value == 1
+        # Redis away: no depths, and the worker says it did not reach Redis.
+        away = list(QueueDepthCollector(f"redis://127.0.0.1:{free_port()}/0").collect())
+        assert [f.name for f in away] == ["engram_dependency_up"] and away[0].samples[0].value == 0
+    finally:
+        await broker.delete(QUEUE_MAINTENANCE)
+        await broker.aclose()
