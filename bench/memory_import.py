@@ -3,11 +3,13 @@ memory the gateway and ingest gain while importing a document of --mib MiB, next
 document's size. The import is parsed as a stream (services/ingest/memory_import.py): each
 process should hold the document about once, not the document plus an object tree of it.
 
-Entries are long single sentences (no passages to embed), so the run measures the parse and
-the writes rather than the model:
+Entries are single sentences of --entry-kb KB (no passages to embed). Long entries measure
+the embedding model too: its runtime grows its buffers for long inputs (209 entries of
+100 KB: ingest +459 MiB for an 18.8 MiB body, the parse itself holding the document once),
+so the default is short entries, which measure the parse and the writes:
 
-    python -m bench.memory_import            # a private stack, 40 MiB
-    python -m bench.memory_import --mib 10
+    python -m bench.memory_import                  # a private stack, 10 MiB of 2 KB entries
+    python -m bench.memory_import --mib 20 --entry-kb 100
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ import psutil
 
 from bench.harness import print_table, private_stack
 
-# A ~100 KB entry: words without a sentence end, so the write embeds one text per entry.
-WORDS = "shard replica quorum lease fencing token epoch leader follower snapshot compaction".split()
+# Entries are these words without a sentence end, so the write embeds one text per entry.
+WORDS = ["shard", "replica", "quorum", "lease", "fencing", "token", "epoch", "leader", "follower", "snapshot", "compaction"]
 
 
-def document(mib: int) -> bytes:
-    entry_chars = 100_000
+def document(mib: int, entry_kb: int = 100) -> bytes:
+    entry_chars = entry_kb * 1000
     count = mib * 1024 * 1024 // entry_chars
     entries = [
         {"content": f"entry {i} " + " ".join(WORDS[(i + j) % len(WORDS)] for j in range(entry_chars // 8)),
@@ -71,9 +73,10 @@ def _service(name: str) -> psutil.Process:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mib", type=int, default=40)
+    parser.add_argument("--mib", type=int, default=10)
+    parser.add_argument("--entry-kb", type=int, default=2)
     args = parser.parse_args()
-    body = document(args.mib)
+    body = document(args.mib, args.entry_kb)
     with private_stack() as target:
         base = target.mcp_url.removesuffix("/mcp")
         ingest, gateway = PeakRss(_service("ingest")), PeakRss(_service("gateway"))

@@ -127,9 +127,9 @@ async def context(res: ReadResources, ctx: ToolContext, args: dict[str, Any]) ->
     record = args.get("recordReference", True)
     async with res.pool.acquire() as conn:
         namespaces = {r["id"]: r for r in await ns_repo.list_namespaces(conn, ctx.principal.reads) if r["enabled"]}
-        rows = await entries_repo.in_namespaces(
-            conn, ctx.principal.reads, list(namespaces), order="coalesce(f.last_accessed_at, f.updated_at) DESC, f.id"
-        )
+        # An entry line costs at least 2 tokens ("- " and a word): no more rows can fit.
+        rows = await entries_repo.in_namespaces(conn, ctx.principal.reads, list(namespaces), recent_first=True,
+                                                limit=max_tokens // 2 + 1)
         chosen: dict[uuid.UUID, list[Any]] = {}
         used = 0
         for row in rows:

@@ -199,14 +199,18 @@ async def move(
 
 
 async def in_namespaces(
-    conn: asyncpg.Connection, scope: TenantScope, namespace_ids: list[uuid.UUID], order: str = "f.created_at, f.id"
+    conn: asyncpg.Connection, scope: TenantScope, namespace_ids: list[uuid.UUID], *, recent_first: bool = False,
+    limit: int | None = None,
 ) -> list[asyncpg.Record]:
-    """Every entry of these namespaces (the injection's flat set), with what the context needs."""
+    """The entries of these namespaces (the injection's flat set): in storage order, or most
+    recently used first (the context's order), at most `limit`."""
     if not namespace_ids:
         return []
     params = SqlParams()
     where = f"f.namespace_id = ANY({params.add(namespace_ids)}::uuid[]) AND {ENTRY} AND {scope_clause(scope, params)}"
-    sql = f"SELECT {ENTRY_COLUMNS}, f.importance, f.last_accessed_at FROM fragments f WHERE {where} ORDER BY {order}"
+    order = "coalesce(f.last_accessed_at, f.updated_at) DESC, f.id" if recent_first else "f.created_at, f.id"
+    bound = f" LIMIT {params.add(limit)}" if limit is not None else ""
+    sql = f"SELECT {ENTRY_COLUMNS}, f.importance, f.last_accessed_at FROM fragments f WHERE {where} ORDER BY {order}{bound}"
     return await conn.fetch(sql, *params.values)
 
 
