@@ -26,9 +26,9 @@ function systemView(system) {
   return h("div.meters", Object.entries(system ?? {}).map(([name, value]) => {
     if (typeof value === "number" && ["cpu", "memory", "disk"].includes(name)) {
       const level = value >= 90 ? "bad" : value >= 75 ? "warn" : "ok";
-      return h("div.meter-row", h("span.meter-label", name), h("meter", { min: 0, max: 100, low: 75, high: 90, optimum: 0, value, class: level }), h("span", `${value}%`));
+      return h("div.meter-row", h("span.meter-label", label(name)), h("meter", { min: 0, max: 100, low: 75, high: 90, optimum: 0, value, class: level }), h("span", `${value}%`));
     }
-    return h("div.meter-row", h("span.meter-label", name), h("span", /bytes$/i.test(name) ? fmtBytes(value) : String(value ?? "—")));
+    return h("div.meter-row", h("span.meter-label", label(name)), h("span", /bytes$/i.test(name) ? fmtBytes(value) : String(value ?? "—")));
   }));
 }
 
@@ -52,7 +52,7 @@ function statsView(stats) {
 function activityView(activity) {
   return table(rowsOf(activity, "activity", "items", "fragments"), [
     { key: "created_at", label: "when", render: (r) => fmtTime(r.created_at ?? r.createdAt) },
-    { key: "id", render: (r) => short(r.id) },
+    { key: "id", render: (r) => h("code", short(r.id, 12)) },
     { key: "topic" },
     { key: "type" },
     { key: "key", render: (r) => r.key_name ?? r.keyName ?? (r.key_id ? short(r.key_id) : "master") },
