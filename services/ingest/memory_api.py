@@ -55,7 +55,25 @@ def namespace_uuid(value: Any, what: str = "namespace") -> uuid.UUID:
         raise not_found(what) from None
 
 
+def check_storable(**fields: Any) -> None:
+    """Postgres stores no NUL character in text or jsonb: a 400 naming the field, not a 500."""
+    for name, value in fields.items():
+        if holds_nul(value):
+            raise MemoryApiError(400, f"{name}: the NUL character cannot be stored")
+
+
+def holds_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(holds_nul(k) or holds_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(holds_nul(v) for v in value)
+    return False
+
+
 def check_namespace_text(name: str | None, description: str | None) -> None:
+    check_storable(name=name, description=description)
     if name is not None:
         if not name.strip():
             raise MemoryApiError(400, "name must not be empty")
@@ -65,7 +83,8 @@ def check_namespace_text(name: str | None, description: str | None) -> None:
         raise MemoryApiError(400, f"description must be at most {banks.DESCRIPTION_MAX_BYTES} bytes")
 
 
-def check_entry_fields(content: str | None, tags: list[str] | None) -> None:
+def check_entry_fields(content: str | None, tags: list[str] | None, metadata: Any = None) -> None:
+    check_storable(content=content, tags=tags, metadata=metadata)
     if content is not None:
         if not content.strip():
             raise MemoryApiError(400, "content must not be empty")
@@ -156,7 +175,7 @@ async def delete_namespace(res: WriteResources, ctx: ToolContext, args: dict[str
 
 async def create_entry(res: WriteResources, ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     tags = args.get("tags") or []
-    check_entry_fields(args["content"], tags)
+    check_entry_fields(args["content"], tags, args.get("metadata"))
     fields = screened(res, {"content": args["content"], "tags": tags, "metadata": args.get("metadata")})
     async with res.pool.acquire() as conn:
         namespace = await _namespace(conn, ctx.principal, args["namespaceId"])
@@ -180,7 +199,7 @@ async def create_entry(res: WriteResources, ctx: ToolContext, args: dict[str, An
 async def update_entry(res: WriteResources, ctx: ToolContext, args: dict[str, Any]) -> dict[str, Any]:
     """PUT: only the fields given change; new content is re-embedded."""
     given = {k: args[k] for k in ("content", "source", "tags", "metadata") if args.get(k) is not None}
-    check_entry_fields(given.get("content"), given.get("tags"))
+    check_entry_fields(given.get("content"), given.get("tags"), given.get("metadata"))
     given.update(screened(res, {k: v for k, v in given.items() if k != "source"}))
     changes: dict[str, Any] = {}
     if "source" in given:

@@ -28,13 +28,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from services.common.rpc import SERVICE_TOKEN_HEADER
-from services.ingest.memory_api import new_entry
+from services.ingest.memory_api import holds_nul, new_entry
 from services.ingest.service import WriteResources, after_commit, check_quota, invalidate_recall_cache
 from shared.domain import memory_banks as banks
 from shared.domain.memory_banks import MemoryApiError
 from shared.domain.principal import Principal
 from shared.domain.secrets import SecretFound, screen_value
 from shared.jobs import JobBuffer
+from shared.read_routing import record_write_position
 from shared.repositories import memory_entries as entries_repo
 from shared.repositories import namespaces as ns_repo
 
@@ -217,7 +218,7 @@ class MemoryImport:
             raise MemoryApiError(400, f"{path}.tags: expected an array of strings")
         if metadata is not None and not isinstance(metadata, dict):
             raise MemoryApiError(400, f"{path}.metadata: expected an object")
-        if "\x00" in content or any("\x00" in t for t in tags) or (metadata and "\\u0000" in json.dumps(metadata)):
+        if holds_nul(content) or holds_nul(tags) or holds_nul(metadata):
             raise MemoryApiError(400, f"{path}: the NUL character cannot be stored")
         content = self.screen(f"{path}.content", content)
         tags = self.screen(f"{path}.tags", tags)
@@ -310,6 +311,7 @@ async def import_document(request: Request) -> JSONResponse:
         del document
         await after_commit(res, importer.jobs)
         await invalidate_recall_cache(res, principal)
+        await record_write_position(res.pool, res.redis, principal)  # read-your-writes (shared/read_routing.py)
     except MemoryApiError as exc:
         return JSONResponse(exc.to_result(), status_code=exc.status)
     except SecretFound as exc:

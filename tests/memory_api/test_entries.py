@@ -142,3 +142,13 @@ async def test_the_key_fragment_quota_holds(stack) -> None:
         assert refused.status_code == 403
         assert len((await http.get(f"{API}/namespaces/{ns}/entries")).json()) == 2
         assert "more" not in [n["name"] for n in (await http.get(f"{API}/namespaces")).json()]
+
+
+async def test_nul_characters_are_refused_not_a_server_error(tenant: Tenant) -> None:
+    ns = (await tenant.namespace())["id"]
+    url = f"{API}/namespaces/{ns}/entries"
+    assert (await tenant.client.post(url, json={"content": "a\u0000b", "source": "manual"})).status_code == 400
+    assert (await tenant.client.post(url, json={"content": "ok text", "source": "manual", "metadata": {"k": "\u0000"}})).status_code == 400
+    assert (await tenant.client.post(f"{API}/namespaces", json={"name": "n\u0000", "description": ""})).status_code == 400
+    # The six characters \u0000 written out are text like any other.
+    assert (await tenant.client.post(url, json={"content": "escape it as \\u0000 in C", "source": "manual"})).status_code == 201
