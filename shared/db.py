@@ -36,3 +36,13 @@ async def create_pool(
 async def ping(pool: asyncpg.Pool) -> None:
     async with pool.acquire(timeout=2) as conn:
         await conn.fetchval("SELECT 1", timeout=2)
+
+
+async def create_replica_pool(dsn: str, *, max_size: int = 10, session_sql: str | None = None) -> asyncpg.Pool:
+    """A pool on a read replica (shared/read_routing.py). It opens no connection until a read
+    needs one, so a standby that is down at start-up costs nothing but its health checks, and
+    its connections are named apart from the primary's in pg_stat_activity."""
+    return await create_pool(
+        dsn, min_size=0, max_size=max_size, session_sql=session_sql,
+        server_settings={"application_name": "engram-replica-read"},
+    )

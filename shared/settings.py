@@ -247,6 +247,40 @@ class RecallSettings(CommonSettings):
     l1_cache_ttl: timedelta = Field(timedelta(seconds=60), alias="L1_CACHE_TTL")
     symbolic_explain: bool = Field(False, alias="MEMENTO_SYMBOLIC_EXPLAIN")
     spreading_activation: bool = Field(False, alias="ENABLE_SPREADING_ACTIVATION")
+    # Read replicas (shared/read_routing.py): Postgres streaming standbys recall reads from,
+    # comma-separated URLs; empty, every read goes to DATABASE_URL. A standby is skipped while
+    # it is unreachable or more than DATABASE_REPLICA_MAX_LAG behind the primary (checked every
+    # DATABASE_REPLICA_CHECK_INTERVAL); a caller's read waits up to DATABASE_REPLICA_READ_WAIT
+    # for a standby to replay that caller's last write, then goes to the primary. The lag bound
+    # stays under the write positions' Redis TTL (read_routing.WRITE_POSITION_TTL_S, 300 s).
+    database_replica_urls: Annotated[list[str], NoDecode] = Field(default_factory=list, alias="DATABASE_REPLICA_URLS")
+    database_replica_strategy: Literal["round_robin", "least_lag"] = Field("round_robin", alias="DATABASE_REPLICA_STRATEGY")
+    database_replica_max_lag: timedelta = Field(
+        timedelta(seconds=5), alias="DATABASE_REPLICA_MAX_LAG", gt=timedelta(0), le=timedelta(seconds=120),
+    )
+    database_replica_read_wait: timedelta = Field(
+        timedelta(milliseconds=250), alias="DATABASE_REPLICA_READ_WAIT", ge=timedelta(0), le=timedelta(seconds=30),
+    )
+    database_replica_check_interval: timedelta = Field(
+        timedelta(seconds=1), alias="DATABASE_REPLICA_CHECK_INTERVAL", gt=timedelta(0), le=timedelta(seconds=10),
+    )
+
+    @field_validator("database_replica_urls", mode="before")
+    @classmethod
+    def _replica_csv(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("database_replica_max_lag", "database_replica_read_wait", "database_replica_check_interval", mode="before")
+    @classmethod
+    def _replica_seconds(cls, value: object) -> object:
+        return seconds_or_duration(value)
+
+    def check_secure(self) -> None:
+        super().check_secure()
+        if self.environment == "production" and any("REPLACE_ME" in url.upper() for url in self.database_replica_urls):
+            raise ValueError("DATABASE_REPLICA_URLS still holds a REPLACE_ME placeholder")
 
 
 class IngestSettings(CommonSettings):

@@ -17,11 +17,12 @@ from services.ingest import remember as remember_tool
 from services.ingest import remember_profile as remember_profile_tool
 from services.ingest import transfer as transfer_tool
 from services.ingest.admin_tools import TOOL_HANDLERS as ADMIN_TOOL_HANDLERS
-from services.ingest.memory_handlers import MEMORY_TOOL_HANDLERS
 from services.ingest.artifacts import TOOL_HANDLERS as ARTIFACT_TOOL_HANDLERS
+from services.ingest.memory_handlers import MEMORY_TOOL_HANDLERS
 from services.ingest.mnemory_api import TOOL_HANDLERS as MNEMORY_TOOL_HANDLERS
 from services.ingest.service import WriteResources, after_commit, invalidate_recall_cache
 from shared.jobs import JobBuffer
+from shared.read_routing import record_write_position
 
 ToolResult = tuple[dict[str, Any], bool]
 Handler = Callable[[Request, ToolContext, dict[str, Any]], Awaitable[ToolResult]]
@@ -83,3 +84,19 @@ tool_handlers = {
     # The memory REST API of reference 001 (services/gateway/memory_api/).
     **MEMORY_TOOL_HANDLERS,
 }
+
+
+def _recording_write_position(handler: Handler) -> Handler:
+    """Read-your-writes on recall's read replicas (shared/read_routing.py): after the call
+    committed, where the primary's WAL stands is stored under the calling key."""
+
+    async def recorded(request: Request, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
+        result = await handler(request, ctx, arguments)
+        res = request.app.state.resources
+        await record_write_position(res.pool, res.redis, ctx.principal)
+        return result
+
+    return recorded
+
+
+tool_handlers = {name: _recording_write_position(handler) for name, handler in tool_handlers.items()}

@@ -31,6 +31,7 @@ from shared.domain.search import DEPTH_TYPES, FragmentFilter, RankedHit
 from shared.domain.tokens import TokenCounter
 from shared.embeddings import Embedder
 from shared.metrics import L1_LOOKUPS
+from shared.read_routing import on_primary, reading_replica
 from shared.recall_cache import current_generation
 from shared.repositories import events as events_repo
 from shared.repositories import fragments as fragments_repo
@@ -245,7 +246,9 @@ async def recall(res: ReadResources, ctx: ToolContext, arguments: dict[str, Any]
         fragments = body["fragments"]
         facts: dict[str, dict[str, Any]] = body["facts"]
         returned = list(facts)
-        event_id, contradictions, errors = await recall_views.meta_facts(conn, returned)
+        # A standby cannot advance the search events' sequence: on a replica the id is the primary's.
+        reserved = await on_primary(res.pool, conn, events_repo.next_search_event_id) if reading_replica() else None
+        event_id, contradictions, errors = await recall_views.meta_facts(conn, returned, reserved)
         scope_total = await res.scope_total(conn, ctx, FragmentFilter(caller_session=ctx.session_id), latest)
         hints = await meta_mod.hints(
             conn, ctx.principal, topic=args.topic, fragments=fragments, facts=facts,

@@ -27,6 +27,7 @@ from shared.contract.read import (
 from shared.domain.errors import InvalidParams
 from shared.domain.principal import Principal
 from shared.domain.secrets import screen_args
+from shared.read_routing import on_primary
 from shared.repositories import events as events_repo
 from shared.repositories import fragments as fragments_repo
 from shared.repositories import history as history_repo
@@ -105,7 +106,7 @@ async def context(res: ReadResources, ctx: ToolContext, arguments: dict[str, Any
                 picked.append(frag)
                 used += cost
         ids = [f["id"] for f in picked]
-        event_id = await events_repo.next_search_event_id(conn)
+        event_id = await on_primary(res.pool, conn, events_repo.next_search_event_id)  # a standby refuses nextval
     if ctx.session_id and ids and res.redis is not None:
         # recall(excludeSeen=true) skips what context() already put in front of this session.
         try:

@@ -156,12 +156,15 @@ async def still_fresh(conn: asyncpg.Connection, ids: list[str], cached_at: datet
     return int(n) == len(set(ids))
 
 
-async def meta_facts(conn: asyncpg.Connection, ids: list[str]) -> tuple[int, list[tuple[str, str]], list[str]]:
-    """One round trip for _meta: a reserved search event id, the pending contradictions and
-    the open errors among the returned fragments."""
+async def meta_facts(
+    conn: asyncpg.Connection, ids: list[str], event_id: int | None = None,
+) -> tuple[int, list[tuple[str, str]], list[str]]:
+    """One round trip for _meta: a reserved search event id (unless one was reserved already:
+    on a read replica, nextval is refused), the pending contradictions and the open errors
+    among the returned fragments."""
     row = await conn.fetchrow(
         """
-        SELECT nextval(pg_get_serial_sequence('search_events', 'id')) AS event_id,
+        SELECT coalesce($2::bigint, nextval(pg_get_serial_sequence('search_events', 'id'))) AS event_id,
           (SELECT array_agg(ARRAY[l.from_id, l.to_id]) FROM fragment_links l
              JOIN fragments a ON a.id = l.from_id JOIN fragments b ON b.id = l.to_id
             WHERE l.relation_type = 'contradicts' AND (l.from_id = ANY($1::text[]) OR l.to_id = ANY($1::text[]))
@@ -172,7 +175,7 @@ async def meta_facts(conn: asyncpg.Connection, ids: list[str]) -> tuple[int, lis
                     SELECT 1 FROM fragment_links l WHERE l.relation_type = 'resolved_by'
                       AND (l.from_id = f.id OR l.to_id = f.id))))) AS errors
         """,
-        ids,
+        ids, event_id,
     )
     pairs = [(p[0], p[1]) for p in (row["contradictions"] or [])]
     return int(row["event_id"]), pairs, list(row["errors"] or [])
