@@ -49,6 +49,17 @@ async def _wait_for(receiver: OtlpReceiver, done: Callable[[list[Span]], bool], 
         await asyncio.sleep(0.25)
 
 
+def _arrived(spans: list[Span], tool: str, *wanted: tuple[str, str, str]) -> bool:
+    """The tools/call span of `tool` and, in its trace, a span of each (service, kind, name
+    prefix): each process exports on its own schedule."""
+    calls = [s for s in spans if s.name == f"tools/call {tool}"]
+    if not calls:
+        return False
+    trace = [s for s in spans if s.trace_id == calls[0].trace_id]
+    return all(any(s.service == service and s.kind == kind and s.name.startswith(name) for s in trace)
+               for service, kind, name in wanted)
+
+
 def _one(spans: list[Span], **match: str) -> Span:
     found = [s for s in spans if all(getattr(s, k) == v for k, v in match.items())]
     assert len(found) == 1, f"expected one span {match}, found {len(found)}: {[(s.service, s.name, s.kind) for s in found]}"
@@ -97,11 +108,10 @@ async def test_remember_is_one_trace_from_the_gateway_to_the_worker(traced_stack
         stored = await call(s, "remember", {"content": content, "topic": "ops", "type": "fact"})
     assert stored["success"] is True
 
-    def complete(spans: list[Span]) -> bool:
-        return any(s.name == "run/maintenance.link_new_fragments" and s.service == "engram-maintenance" for s in spans) and any(
-            s.name == "tools/call remember" for s in spans)
-
-    spans = await _wait_for(receiver, complete)
+    spans = await _wait_for(receiver, lambda spans: _arrived(
+        spans, "remember", ("engram-gateway", "server", "POST /mcp"), ("engram-gateway", "client", "POST ingest"),
+        ("engram-ingest", "server", "POST"), ("engram-ingest", "producer", "apply_async/"),
+        ("engram-maintenance", "consumer", "run/maintenance.link_new_fragments")))
     trace, ingest = _hop(spans, "remember", "ingest")
     by_id = {s.span_id: s for s in trace}
     # Postgres (asyncpg) and Redis calls of the write, inside ingest's server span.
@@ -135,14 +145,10 @@ async def test_recall_is_one_trace_with_its_postgres_and_redis_calls(traced_stac
         found = await call(s, "recall", {"text": "when are database backups taken"})
     assert found["fragments"], found
 
-    def complete(spans: list[Span]) -> bool:
-        call_spans = [s for s in spans if s.name == "tools/call recall"]
-        return bool(call_spans) and sum(
-            1 for s in spans if s.trace_id == call_spans[0].trace_id and s.service == "engram-recall" and s.kind == "server") >= 1
-
-    spans = await _wait_for(receiver, complete)
-    await asyncio.sleep(1)  # the recall's last spans (the L1 write runs after the reply)
-    spans = receiver.spans()
+    # The L1 write (SET) runs after the reply, so it is the recall's last span.
+    spans = await _wait_for(receiver, lambda spans: _arrived(
+        spans, "recall", ("engram-gateway", "server", "POST /mcp"), ("engram-gateway", "client", "POST recall"),
+        ("engram-recall", "server", "POST"), ("engram-recall", "client", "SET")))
     trace, recall = _hop(spans, "recall", "recall")
     by_id = {s.span_id: s for s in trace}
     sql = [s for s in trace if s.service == "engram-recall" and s.attributes.get("db.system") == "postgresql"]
