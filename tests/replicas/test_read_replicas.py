@@ -10,6 +10,7 @@ import asyncio
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -59,8 +60,6 @@ class Replicated:
 
 
 def _psql(pg: EmbeddedPostgres, sql: str, database: str = "postgres") -> str:
-    import subprocess
-
     out = subprocess.run(
         [pg._bin("psql"), "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres", "-d", database, "-tAc", sql],
         check=True, capture_output=True, text=True,
