@@ -215,9 +215,14 @@ class ReadRouter:
     # ------------------------------------------------------------------ health
 
     async def run(self) -> None:
+        """The health loop (a task of recall's lifespan): a check that fails in a way the
+        probes do not expect is logged, and the next one runs as usual."""
         while True:
             await asyncio.sleep(self.interval_s)
-            await self.check()
+            try:
+                await self.check()
+            except Exception:  # top of a background loop: it must outlive one bad check
+                logger.exception("read replica health check failed")
 
     async def check(self) -> None:
         now = time.monotonic()
