@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from services.common.handlers import joined
 from services.common.internal import ToolContext, database_health
 from services.ingest import amend as amend_tool
 from services.ingest import batch as batch_tool
@@ -76,14 +77,17 @@ tool_handlers = {
     "reflect": _with_jobs(reflect_tool.reflect),
     # Served for the gateway's admin import route only (master key; never an MCP tool).
     "admin_import": _with_jobs(transfer_tool.import_fragments),
-    **ADMIN_TOOL_HANDLERS,
-    # Served for the gateway's /api/memories/{id}/artifacts routes (reference 004).
-    **ARTIFACT_TOOL_HANDLERS,
-    # The mnemory REST surface's writes (reference 004; services/gateway/mnemory_api/).
-    **MNEMORY_TOOL_HANDLERS,
-    # The memory REST API of reference 001 (services/gateway/memory_api/).
-    **MEMORY_TOOL_HANDLERS,
 }
+tool_handlers = joined(
+    tool_handlers,
+    ADMIN_TOOL_HANDLERS,
+    # Served for the gateway's /api/memories/{id}/artifacts routes (reference 004).
+    ARTIFACT_TOOL_HANDLERS,
+    # The mnemory REST surface's writes (reference 004; services/gateway/mnemory_api/).
+    MNEMORY_TOOL_HANDLERS,
+    # The memory REST API of reference 001 (services/gateway/memory_api/).
+    MEMORY_TOOL_HANDLERS,
+)
 
 
 def _recording_write_position(handler: Handler) -> Handler:

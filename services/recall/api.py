@@ -6,6 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from services.common.handlers import joined
 from services.common.internal import ToolContext, database_health
 from services.recall import service, tools
 from services.recall.admin_views import TOOL_HANDLERS as ADMIN_VIEW_HANDLERS
@@ -33,12 +34,15 @@ tool_handlers = {
     "fragment_history": _handler(tools.fragment_history),
     "memory_stats": _handler(tools.memory_stats),
     "tool_feedback": _handler(tools.tool_feedback),
-    # The memory REST API's reads (reference 001; services/gateway/memory_api/).
-    **MEMORY_TOOL_HANDLERS,
-    # The mnemory REST surface's reads (reference 004; services/gateway/mnemory_api/).
-    **MNEMORY_TOOL_HANDLERS,
-    # The admin console's views (gateway admin routes, master key only; not MCP tools).
-    **ADMIN_VIEW_HANDLERS,
-    # Served for the gateway's /api/memories/{id}/artifacts routes (reference 004).
-    **ARTIFACT_TOOL_HANDLERS,
 }
+tool_handlers = joined(
+    tool_handlers,
+    # The memory REST API's reads (reference 001; services/gateway/memory_api/).
+    MEMORY_TOOL_HANDLERS,
+    # The mnemory REST surface's reads (reference 004; services/gateway/mnemory_api/).
+    MNEMORY_TOOL_HANDLERS,
+    # The admin console's views (gateway admin routes, master key only; not MCP tools).
+    ADMIN_VIEW_HANDLERS,
+    # Served for the gateway's /api/memories/{id}/artifacts routes (reference 004).
+    ARTIFACT_TOOL_HANDLERS,
+)

@@ -255,6 +255,6 @@ TOOL_HANDLERS = {name: _handler(op) for name, op in {
     "memory_search": search,
     "memory_enabled_entries": enabled_entries,
     "memory_context": context,
-    "memory_stats": stats,
+    "memory_api_stats": stats,
     "memory_export_namespace": export_namespace,
 }.items()}

@@ -158,7 +158,7 @@ async def enabled_entries(request: Request) -> Response:
 
 @router.get("/stats", dependencies=[MemoryRead], responses=_ERRORS)
 async def stats(request: Request) -> Response:
-    return await forward(request, "recall", "memory_stats", {})
+    return await forward(request, "recall", "memory_api_stats", {})
 
 
 @router.get("/context", dependencies=[MemoryRead], response_model=schemas.MemoryContext, responses=_ERRORS)
