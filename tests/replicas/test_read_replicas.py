@@ -10,7 +10,6 @@ import asyncio
 import os
 import shutil
 import signal
-import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -24,10 +23,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.stack.postgres import EmbeddedPostgres
 from services.stack.restart import kill_group
+from services.stack.standby import psql, start_standby
 from services.stack.supervisor import free_port
 from tests.support import Stack, call, create_api_key, mcp_session, new_stack_config, running, unique
 
-REPLICATION_USER = "replicator"
 # The lag bound: a standby whose replay is paused is used until its lag passes this, then
 # skipped. Long enough that a read right after a write still finds the standby usable on a
 # loaded 2-core machine.
@@ -59,32 +58,12 @@ class Replicated:
         return self.stack.recall_urls[0]
 
 
-def _psql(pg: EmbeddedPostgres, sql: str, database: str = "postgres") -> str:
-    out = subprocess.run(
-        [pg._bin("psql"), "-h", "127.0.0.1", "-p", str(pg.port), "-U", "postgres", "-d", database, "-tAc", sql],
-        check=True, capture_output=True, text=True,
-    )
-    return out.stdout.strip()
-
-
 def _start_pair(root: Path) -> tuple[EmbeddedPostgres, EmbeddedPostgres]:
     primary = EmbeddedPostgres(root / "primary" / "pg", free_port())
     primary.start()
-    assert _psql(primary, "SHOW wal_level") == "replica"
-    _psql(primary, f"CREATE ROLE {REPLICATION_USER} WITH REPLICATION LOGIN")
-    standby = EmbeddedPostgres(root / "standby" / "pg", free_port())
-    # Postgres refuses a data directory others can read.
-    standby.data_dir.mkdir(parents=True, mode=0o700)
-    standby.data_dir.chmod(0o700)
-    standby.log_path.touch()
-    standby._prepare_permissions()
-    # -R writes standby.signal and primary_conninfo: the copy starts as a streaming standby.
-    standby._run([
-        standby._bin("pg_basebackup"), "-h", "127.0.0.1", "-p", str(primary.port), "-U", REPLICATION_USER,
-        "-D", str(standby.data_dir), "-R", "-X", "stream", "-c", "fast",
-    ])
-    standby.start()
-    assert _psql(standby, "SELECT pg_is_in_recovery()") == "t"
+    assert psql(primary, "SHOW wal_level") == "replica"
+    standby = start_standby(primary, root / "standby" / "pg", free_port())
+    assert psql(standby, "SELECT pg_is_in_recovery()") == "t"
     return primary, standby
 
 
@@ -184,7 +163,7 @@ async def test_a_write_is_read_back_by_its_key_at_once_from_the_replica(replicat
     assert after["primary"] == before["primary"]
     assert after["not_replayed"] == before["not_replayed"]
     # The standby holds recall's read connections (named apart from the primary's).
-    assert int(_psql(replicated.standby, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'engram-replica-read'")) >= 1
+    assert int(psql(replicated.standby, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'engram-replica-read'")) >= 1
 
     # Every other read tool is served by the standby too: none of them writes (a standby would
     # refuse it, and the call would be served again by the primary).
@@ -210,7 +189,7 @@ async def test_a_lagging_replica_is_waited_for_then_skipped(replicated: Replicat
     await until_usable(url, True)
     key_a, _ = await create_api_key(stack.database_url)
     ws, marker = unique(), unique("plover")
-    _psql(standby, "SELECT pg_wal_replay_pause()")
+    psql(standby, "SELECT pg_wal_replay_pause()")
     try:
         before = await asyncio.to_thread(reads, url)
         stored = await remember(stack, key_a, ws, f"The {marker} service listens on port 8443.")
@@ -234,7 +213,7 @@ async def test_a_lagging_replica_is_waited_for_then_skipped(replicated: Replicat
         assert skipped["none_usable"] >= after_wait["none_usable"] + 1
         assert skipped["replica"] == after_wait["replica"]
     finally:
-        _psql(standby, "SELECT pg_wal_replay_resume()")
+        psql(standby, "SELECT pg_wal_replay_resume()")
 
     # Replay resumed: the standby catches up, is used again, and has the write.
     await until_usable(url, True)
