@@ -254,7 +254,7 @@ class ReadRouter:
         if not status.in_recovery or status.replay_lsn is None:
             self._set(replica, False, "not_a_standby", None)
             return
-        replica.replay_lsn = max(replica.replay_lsn or 0, status.replay_lsn)
+        replica.replay_lsn = status.replay_lsn
         lag = self._lag_from_samples(status.replay_lsn, now) if primary_sampled else self._lag_from_standby(status)
         if lag > self.max_lag_s:
             self._set(replica, False, "lagging", lag)
@@ -341,7 +341,7 @@ class ReadRouter:
             return False
         if lsn is None:
             return False
-        replica.replay_lsn = max(replica.replay_lsn or 0, lsn)
+        replica.replay_lsn = lsn
         return lsn >= required
 
     async def _required_position(self, principal: Principal) -> int | None:
