@@ -20,7 +20,8 @@ one's old events out; a resumption past what the log still holds is reported as
 
 Stream ids are Redis's (`<ms>-<seq>`). Where the log lost entries after a subscriber's
 position, Redis 7 says so exactly (XINFO STREAM max-deleted-entry-id); Redis 6.2 reports
-only the oldest entry kept, and a position older than it counts as a gap.
+only the oldest entry kept: once the log has been trimmed (its oldest entry is no longer
+the first ever appended), a position older than the oldest kept counts as a gap.
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ class LogBounds:
     first: StreamId | None  # the oldest entry the log still holds (None: it holds none)
     last: StreamId  # the newest id ever added (ZERO: never written)
     max_deleted: StreamId | None  # Redis 7+: the newest id trimmed away; None on 6.2
+    origin: StreamId | None = None  # the first id ever appended (recorded by the relays)
 
     def lost_after(self, cursor: StreamId) -> bool:
         """Whether entries newer than `cursor` were trimmed away (or `cursor` is not from
@@ -142,6 +144,8 @@ class LogBounds:
             return True
         if self.max_deleted is not None:
             return self.max_deleted > cursor
+        if self.first is not None and self.first == self.origin:  # Redis 6.2, never trimmed
+            return False
         if self.first is None:  # emptied by trimming: anything added after cursor is gone
             return self.last > cursor
         return cursor < self.first.before()
@@ -167,6 +171,10 @@ class EventLog:
         self.stream = settings.memory_events_stream
         self._maxlen = settings.memory_events_maxlen
         self._retention_ms = int(settings.memory_events_retention.total_seconds() * 1000)
+        # Redis 6.2 has no max-deleted-entry-id; the first id ever appended, kept beside the
+        # stream, tells "never trimmed" from "trimmed" there (a gap only after a trim).
+        self._origin_key = f"{self.stream}:origin"
+        self._origin_set = False
 
     async def append(self, events: list[OutboxEvent]) -> None:
         """One round trip: every event (a missing key id is the master key's own), then the
@@ -179,21 +187,28 @@ class EventLog:
             pipe.xadd(self.stream, fields, maxlen=self._maxlen, approximate=True)  # type: ignore[arg-type]
         oldest_kept = int(time.time() * 1000) - self._retention_ms
         pipe.xtrim(self.stream, minid=f"{max(oldest_kept, 0)}-0", approximate=True)
-        await pipe.execute()
+        added = await pipe.execute()
+        if events and not self._origin_set:  # once per process: later appends are never first
+            await self._redis.set(self._origin_key, _text(added[0]), nx=True)
+            self._origin_set = True
 
     async def bounds(self) -> LogBounds:
-        try:
-            info = await self._redis.xinfo_stream(self.stream)
-        except ResponseError:  # no such key: nothing was ever appended (or Redis was emptied)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.xinfo_stream(self.stream)
+        pipe.get(self._origin_key)
+        info, origin = await pipe.execute(raise_on_error=False)
+        if isinstance(info, ResponseError):  # no such key: nothing was ever appended (or Redis was emptied)
             return LogBounds(None, ZERO, None)
+        if isinstance(info, Exception):
+            raise info
         info = {_text(k): v for k, v in info.items()}
         first = info.get("first-entry")
         deleted = info.get("max-deleted-entry-id")
-        max_deleted = StreamId.parse(_text(deleted)) if deleted is not None else None
         return LogBounds(
             first=StreamId.parse(_text(first[0])) if first else None,
             last=StreamId.parse(_text(info["last-generated-id"])),
-            max_deleted=max_deleted,
+            max_deleted=StreamId.parse(_text(deleted)) if deleted is not None else None,
+            origin=StreamId.parse(_text(origin)) if origin is not None and not isinstance(origin, Exception) else None,
         )
 
     async def after(self, cursor: StreamId, count: int) -> list[LoggedEvent]:

@@ -315,7 +315,7 @@ async def test_a_subscriber_the_log_outran_is_told_it_lagged(stack: Stack) -> No
         assert lagged.event == STREAM_LAGGED and lagged.data == {"lastEventId": str(ids[0]), "oldestEventId": str(ids[3])}
         assert [(await anext(frames)).data for _ in range(2)] == [{"namespaceId": "ns-3"}, {"namespaceId": "ns-4"}]
     finally:
-        await client.delete(settings.memory_events_stream)
+        await client.delete(settings.memory_events_stream, f"{settings.memory_events_stream}:origin")
         await client.aclose()
 
 
@@ -331,9 +331,12 @@ def test_stream_ids_and_loss_detection() -> None:
     assert untouched.lost_after(StreamId(21, 0))  # not from this log
     trimmed = LogBounds(first=StreamId(10, 0), last=StreamId(20, 0), max_deleted=StreamId(9, 0))
     assert trimmed.lost_after(StreamId(8, 0)) and not trimmed.lost_after(StreamId(9, 0))
-    # Redis 6.2 (no max-deleted-entry-id): older than the oldest kept counts as lost
-    old_redis = LogBounds(first=StreamId(10, 0), last=StreamId(20, 0), max_deleted=None)
+    # Redis 6.2 (no max-deleted-entry-id): once trimmed, older than the oldest kept is lost;
+    # never trimmed (the oldest kept is the first ever appended), nothing is.
+    old_redis = LogBounds(first=StreamId(10, 0), last=StreamId(20, 0), max_deleted=None, origin=StreamId(3, 0))
     assert old_redis.lost_after(StreamId(8, 0)) and not old_redis.lost_after(StreamId(9, 2**64 - 1))
+    whole = LogBounds(first=StreamId(10, 0), last=StreamId(20, 0), max_deleted=None, origin=StreamId(10, 0))
+    assert not whole.lost_after(StreamId(0, 0)) and whole.lost_after(StreamId(21, 0))
 
 
 async def test_the_rest_api_and_its_import_publish_as_the_reference_says(stack: Stack, replica: Gateway) -> None:
