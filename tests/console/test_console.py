@@ -511,7 +511,8 @@ async def test_logs_tail_level_and_search(logged_in: Console, stack: Stack) -> N
     await expect(page.locator("#log-info")).to_contain_text("shown", timeout=30_000)
     texts = await lines.all_inner_texts()
     assert texts and all(word.lower() in t.lower() for t in texts)
-    assert len(texts) >= min(found["filtered"], 200) - 5  # the file grows while the test reads it
+    # the tail chosen above (100) still applies; the file grows while the test reads it
+    assert min(found["filtered"], 100) - 5 <= len(texts) <= 100
     await expect(page.locator("#log-stats")).to_contain_text("today")
 
 
