@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
+import tenacity
 from fastapi import Request
 
 from services.common.internal import ToolContext
@@ -33,13 +34,25 @@ Result = tuple[dict[str, Any], bool]
 Operation = Callable[[WriteResources, ToolContext, dict[str, Any]], Awaitable[Any]]
 
 
+# A write that deletes or re-homes many fragments can deadlock with the worker's link job,
+# which locks the same fragments' pending-link rows in its own order (seen: consolidating 500
+# entries right after importing them). Postgres aborts one side; each operation's transaction
+# rolled back whole, so it is run again, a few times, after a short random pause.
+RETRY_CONFLICTS = tenacity.AsyncRetrying(
+    retry=tenacity.retry_if_exception_type((asyncpg.DeadlockDetectedError, asyncpg.SerializationError)),
+    stop=tenacity.stop_after_attempt(4), wait=tenacity.wait_random(0.05, 0.5), reraise=True,
+)
+
+
 def memory_handler(operation: Operation) -> Callable[[Request, ToolContext, dict[str, Any]], Awaitable[Result]]:
     """An operation as an internal tool handler: its refusals become tool errors with their
     HTTP status; a secret refused by the policy is a 400 naming the field."""
 
     async def handle(request: Request, ctx: ToolContext, arguments: dict[str, Any]) -> Result:
         try:
-            return {"value": await operation(request.app.state.resources, ctx, arguments)}, False
+            # A copy per call: a Retrying object keeps the state of the call it runs.
+            value: Any = await RETRY_CONFLICTS.copy()(operation, request.app.state.resources, ctx, arguments)
+            return {"value": value}, False
         except MemoryApiError as exc:
             return exc.to_result(), True
         except SecretFound as exc:

@@ -110,3 +110,25 @@ async def test_llm_pass_status_extraction_and_model_check(stack, llm_gateway: st
         assert nothing["emptyReason"] == {"reason": "nothingWorthSaving"} and nothing["created"] == 0
         assert (await http.post(f"{API}/ensure-model-available", json={"model": "fake-model"})).json() == "alreadyLoaded"
         assert (await http.post(f"{API}/ensure-model-available", json={"model": "other"})).json() == "modelNotFound"
+
+
+async def test_lexical_pass_reads_only_the_500_most_recently_updated_auto_entries(tenant: Tenant) -> None:
+    import json
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC)
+    name = f"window-{now.timestamp():.0f}"
+    entries = [{"content": "The nightly backup runs at two in the morning", "source": "auto",
+                "createdAt": (now - timedelta(days=1, seconds=i)).isoformat(),
+                "updatedAt": (now - timedelta(days=1, seconds=i)).isoformat()} for i in range(505)]
+    document = {"version": 1, "namespaces": [{"namespace": {"name": name, "description": ""}, "entries": entries}]}
+    reply = await tenant.client.post(f"{API}/import", json={"data": json.dumps(document)})
+    assert reply.json()["entriesImported"] == 505
+    ns = [n for n in (await tenant.client.get(f"{API}/namespaces")).json() if n["name"] == name][0]["id"]
+    result = (await tenant.client.post(f"{API}/namespaces/{ns}/consolidate")).json()
+    # The 500 newest are one cluster: one stays, 499 go; the 5 oldest were never read.
+    assert result == {"mergedCount": 1, "removedCount": 499, "unchangedCount": 0, "prunedCount": 0}
+    left = (await tenant.client.get(f"{API}/namespaces/{ns}/entries")).json()
+    assert len(left) == 6
+    stamps = sorted(e["updatedAt"] for e in left)
+    assert stamps[:5] == sorted(e["updatedAt"] for e in left if e["updatedAt"] < stamps[5])
