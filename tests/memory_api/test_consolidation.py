@@ -130,5 +130,10 @@ async def test_lexical_pass_reads_only_the_500_most_recently_updated_auto_entrie
     assert result == {"mergedCount": 1, "removedCount": 499, "unchangedCount": 0, "prunedCount": 0}
     left = (await tenant.client.get(f"{API}/namespaces/{ns}/entries")).json()
     assert len(left) == 6
-    stamps = sorted(e["updatedAt"] for e in left)
-    assert stamps[:5] == sorted(e["updatedAt"] for e in left if e["updatedAt"] < stamps[5])
+    def instant(stamp: str) -> datetime:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+    kept = sorted(instant(e["updatedAt"]) for e in left)
+    oldest_five = sorted(instant(e["updatedAt"]) for e in entries[500:])
+    assert kept[:5] == oldest_five  # untouched: outside the window
+    assert kept[5] > instant(entries[0]["updatedAt"])  # the cluster's survivor (its updatedAt moved to now)
