@@ -295,3 +295,34 @@ def test_service_monitor_scrapes_every_service_and_the_worker_as_the_rules_name_
     # The worker's metrics port is the one its pod serves.
     [worker] = by_kind(docs, "Deployment")["engram-worker"]["spec"]["template"]["spec"]["containers"]
     assert {"name": "metrics", "containerPort": 9540} in worker["ports"]
+
+
+# -- Pod Security: the namespace enforces the restricted profile ---------------------------------
+
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "Job")
+WORKLOADS = [
+    (tree, d) for tree in ("overlays/dev", "overlays/production", "examples/redis")
+    for d in (render(tree) if kubectl_binary() else []) if d["kind"] in WORKLOAD_KINDS
+]
+
+
+@pytest.mark.parametrize("tree, workload", WORKLOADS, ids=[f"{t}:{d['metadata']['name']}" for t, d in WORKLOADS])
+def test_workload_meets_the_restricted_pod_security_profile(tree: str, workload: dict[str, Any]) -> None:
+    """namespace.yaml sets pod-security.kubernetes.io/enforce: restricted; a pod that misses one
+    of these is refused by the API server at apply time, which no schema check would show."""
+    namespace = next(d for d in render("overlays/production") if d["kind"] == "Namespace")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    pod = workload["spec"]["template"]["spec"]
+    pod_context = pod.get("securityContext", {})
+    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+    assert all("hostPath" not in v for v in pod.get("volumes", []))
+    for container in [*pod.get("initContainers", []), *pod["containers"]]:
+        context = container.get("securityContext", {})
+        assert context.get("allowPrivilegeEscalation") is False, container["name"]
+        assert "ALL" in context.get("capabilities", {}).get("drop", []), container["name"]
+        assert not set(context.get("capabilities", {}).get("add", [])) - {"NET_BIND_SERVICE"}, container["name"]
+        assert not context.get("privileged"), container["name"]
+        assert context.get("runAsNonRoot", pod_context.get("runAsNonRoot")) is True, container["name"]
+        assert context.get("runAsUser", pod_context.get("runAsUser", 1)) != 0, container["name"]
+        seccomp = context.get("seccompProfile", pod_context.get("seccompProfile", {}))
+        assert seccomp.get("type") in ("RuntimeDefault", "Localhost"), container["name"]
