@@ -25,7 +25,7 @@ async def health(request: Request) -> JSONResponse:
     no replica of one answering, no memory tool can be served, so 503 `degraded` (a readiness
     probe takes this gateway out of rotation); some replicas down -> 200 + warning (calls go to
     the others). Liveness is /health/live: a dependency that is down is not cured by
-    restarting the gateway (deploy/k8s/gateway.yaml)."""
+    restarting the gateway (deploy/k8s/base/gateway.yaml)."""
     state = gateway_state(request)
     warnings: list[str] = []
     checks: dict[str, Any] = {}
