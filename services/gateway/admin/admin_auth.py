@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from fastapi import HTTPException, Request
 
-from services.gateway.core.auth import bearer_token
+from services.gateway.core.auth import OAUTH_TOKEN_PREFIX, bearer_token
 from services.gateway.core.state import gateway_state
 
 
 async def require_master(request: Request) -> None:
     token = bearer_token(request.headers.get("authorization"))
+    if token is not None and token.startswith(OAUTH_TOKEN_PREFIX):
+        # An OAuth access token (even one consented with the master key) is for /mcp only: the
+        # admin API is the master key's, typed by the operator, never a delegated token.
+        raise HTTPException(status_code=401, detail="Unauthorized")
     principal = await gateway_state(request).authenticator.authenticate(token)
     if principal is None:
         raise HTTPException(status_code=401, detail="Unauthorized")

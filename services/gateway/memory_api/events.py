@@ -31,7 +31,7 @@ import contextlib
 import json
 import logging
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +46,7 @@ from services.gateway.core.auth import bearer_token
 from services.gateway.core.caller import API_KEY_HEADER, caller, has_permission
 from services.gateway.core.scope import TOKEN_SCOPE_KEY
 from services.gateway.core.state import gateway_state
-from services.gateway.memory_api.wire import error_response
+from services.gateway.memory_api.wire import error_response, oauth_token
 from shared.domain.principal import Principal, TenantScope
 from shared.memory_events import (
     EVENT_TYPES,
@@ -76,6 +76,13 @@ BLOCK_MS = 5_000
 RETRY_S, RETRY_MAX_S = 0.5, 10.0
 # A browser's EventSource waits this long before reconnecting (with Last-Event-ID).
 SSE_RETRY_MS = 2_000
+# An open subscription re-reads its key before it delivers, at most this often, and at every
+# keep-alive (as an MCP session re-checks its key on every request): a key set inactive or
+# deleted, or one that lost `read`, gets no event from this long after the change on, and a
+# change of the key's groups changes what it is sent. The read is the key cache's (one Redis
+# GET of the key generation while nothing changed), so a busy stream costs one per
+# subscriber per second, not one per event.
+RECHECK_SECONDS = 1.0
 
 
 class EventHub:
@@ -194,23 +201,40 @@ class Subscription:
     scope: TenantScope
     types: frozenset[str]
     cursor: StreamId
+    # What the caller may read now (None: nothing any more), re-read every RECHECK_SECONDS.
+    recheck: Callable[[], Awaitable[TenantScope | None]] | None = None
+    checked_at: float = 0.0
 
     @classmethod
     async def open(
-        cls, hub: EventHub, principal: Principal, types: frozenset[str], resume: StreamId | None
+        cls, hub: EventHub, principal: Principal, types: frozenset[str], resume: StreamId | None,
+        recheck: Callable[[], Awaitable[TenantScope | None]] | None = None,
     ) -> tuple[Subscription, Frame | None]:
         """Where the subscriber starts, and the stream:gap it starts with if the log lost
         events after its resumption point. Raises RedisError while the stream is unreachable."""
         bounds = await hub.log.bounds()
-        sub = cls(hub, principal.reads, types, bounds.last if resume is None else resume)
+        sub = cls(hub, principal.reads, types, bounds.last if resume is None else resume, recheck)
+        sub.checked_at = asyncio.get_running_loop().time()
         if resume is None or not bounds.lost_after(resume):
             return sub, None
         sub.cursor = bounds.first.before() if bounds.first is not None and resume <= bounds.last else bounds.last
         return sub, Frame(sub.cursor, STREAM_GAP, _loss(resume, bounds.first))
 
+    async def still_reads(self, *, now: bool = False) -> bool:
+        """Whether the caller may still read, its scope refreshed (when a check is due)."""
+        clock = asyncio.get_running_loop().time()
+        if self.recheck is None or (not now and clock - self.checked_at < RECHECK_SECONDS):
+            return True
+        scope = await self.recheck()
+        self.checked_at = clock
+        if scope is None:
+            return False
+        self.scope = scope
+        return True
+
     async def frames(self, keepalive: float) -> AsyncIterator[Frame]:
-        """Events from the cursor on, forever; a position-only Frame every `keepalive`
-        seconds without one."""
+        """Events from the cursor on, until the caller may no longer read; a position-only
+        Frame every `keepalive` seconds without one."""
         while True:
             arrival = self.hub.arrived()
             try:
@@ -227,6 +251,8 @@ class Subscription:
                 batch = []
             if batch:
                 for event in batch:
+                    if not await self.still_reads():
+                        return
                     self.cursor = event.id
                     if event.type in self.types and visible(self.scope, event.key_id):
                         yield Frame(event.id, event.type, event.data)
@@ -234,11 +260,25 @@ class Subscription:
             try:
                 await asyncio.wait_for(arrival.wait(), timeout=keepalive)
             except TimeoutError:
+                if not await self.still_reads(now=True):
+                    return
                 yield Frame(self.cursor)
 
 
 def _loss(lost_after: StreamId, oldest: StreamId | None) -> dict[str, Any]:
     return {"lastEventId": str(lost_after), "oldestEventId": str(oldest) if oldest is not None else None}
+
+
+def _rechecking(connection: HTTPConnection, token: str | None) -> Callable[[], Awaitable[TenantScope | None]]:
+    """The subscription's re-check: the credential's read scope now, None once it is gone
+    (inactive, deleted) or no longer holds `read`."""
+    authenticator = gateway_state(connection).authenticator
+
+    async def recheck() -> TenantScope | None:
+        principal = await authenticator.authenticate(token)
+        return principal.reads if principal is not None and has_permission(principal, "read") else None
+
+    return recheck
 
 
 def _hub(connection: HTTPConnection) -> EventHub | None:
@@ -250,6 +290,7 @@ NO_STREAM = "memory events need Redis (REDIS_ENABLED=true and REDIS_URL): the ev
 UNREACHABLE = "the event log (Redis) is unreachable"
 UNAUTHORIZED = "an API key is required (X-API-Key or Authorization: Bearer)"
 FORBIDDEN = "this key lacks the memory_read scope (Engram permission 'read')"
+OAUTH_REFUSED = "OAuth access tokens are for /mcp; use an API key here"
 
 
 def _sse(frame: Frame, sent: StreamId | None) -> bytes:
@@ -276,6 +317,8 @@ async def memory_events(
     last_event_id: str | None = Header(None, alias="Last-Event-ID"),
 ) -> Response:
     principal = caller(request)
+    if principal is not None and oauth_token(request):
+        return error_response(401, OAUTH_REFUSED)
     if principal is None:
         return error_response(401, UNAUTHORIZED)
     if not has_permission(principal, "read"):
@@ -287,13 +330,13 @@ async def memory_events(
     hub = _hub(request)
     if hub is None:
         return error_response(503, NO_STREAM)
+    state = gateway_state(request)
+    token = request.scope.get(TOKEN_SCOPE_KEY)
     try:
-        sub, gap = await Subscription.open(hub, principal, wanted, resume)
+        sub, gap = await Subscription.open(hub, principal, wanted, resume, _rechecking(request, token))
     except (RedisError, OSError):
         logger.warning("memory events: the stream is unreachable", exc_info=True)
         return error_response(503, UNREACHABLE)
-    state = gateway_state(request)
-    token = request.scope.get(TOKEN_SCOPE_KEY)
     keepalive = state.settings.memory_events_keepalive.total_seconds()
 
     async def body() -> AsyncIterator[bytes]:
@@ -302,9 +345,7 @@ async def memory_events(
         if gap is not None:
             yield _sse(gap, sent)
             sent = gap.id
-        async for frame in sub.frames(keepalive):
-            if frame.event is None and await state.authenticator.authenticate(token) is None:
-                return  # the key was set inactive or deleted: its reconnect gets the 401
+        async for frame in sub.frames(keepalive):  # ends when the key no longer reads: a reconnect gets the 401
             yield _sse(frame, sent)
             sent = frame.id
 
@@ -331,6 +372,9 @@ async def _refuse(websocket: WebSocket, status: int, message: str) -> None:
 async def memory_ws(websocket: WebSocket) -> None:
     state = gateway_state(websocket)
     token = _ws_token(websocket)
+    if token is not None and oauth_token(websocket, token):
+        await _refuse(websocket, 401, OAUTH_REFUSED)
+        return
     principal = await state.authenticator.authenticate(token) if token else None
     if principal is None:
         await _refuse(websocket, 401, UNAUTHORIZED)
@@ -349,7 +393,7 @@ async def memory_ws(websocket: WebSocket) -> None:
         await _refuse(websocket, 503, NO_STREAM)
         return
     try:
-        sub, gap = await Subscription.open(hub, principal, wanted, resume)
+        sub, gap = await Subscription.open(hub, principal, wanted, resume, _rechecking(websocket, token))
     except (RedisError, OSError):
         await _refuse(websocket, 503, UNREACHABLE)
         return
@@ -361,11 +405,10 @@ async def memory_ws(websocket: WebSocket) -> None:
             await websocket.send_text(_ws_message(gap))
         async for frame in sub.frames(keepalive):
             if frame.event is None:
-                if await state.authenticator.authenticate(token) is None:
-                    await websocket.close(code=1008, reason="the API key is no longer valid")
-                    return
                 continue  # the server's WebSocket pings keep the connection alive
             await websocket.send_text(_ws_message(frame))
+        # frames() ended: the key was set inactive or deleted, or lost `read`.
+        await websocket.close(code=1008, reason="the API key is no longer valid")
 
     async def until_closed() -> None:
         while True:  # the client sends nothing the stream needs; a close ends it

@@ -21,8 +21,11 @@ from fastapi import Depends, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
+from starlette.requests import HTTPConnection
 
+from services.gateway.core.auth import OAUTH_TOKEN_PREFIX
 from services.gateway.core.caller import caller, has_permission
+from services.gateway.core.scope import TOKEN_SCOPE_KEY
 from services.gateway.core.state import gateway_state
 from shared.domain.errors import CredentialGone, InvalidParams, PermissionDenied, PolicyViolation
 from shared.domain.principal import Principal
@@ -68,9 +71,19 @@ class MemoryRoute(APIRoute):
         return handle
 
 
+def oauth_token(connection: HTTPConnection, token: str | None = None) -> bool:
+    """Whether the request's credential is an OAuth access token. Those are issued for the MCP
+    resource (/.well-known/oauth-protected-resource names {base}/mcp), so the REST surfaces
+    refuse them as they would any credential minted for another audience (RFC 8707)."""
+    presented = token if token is not None else connection.scope.get(TOKEN_SCOPE_KEY)
+    return isinstance(presented, str) and presented.startswith(OAUTH_TOKEN_PREFIX)
+
+
 def _authorized(permission: str) -> Callable[[Request], Coroutine[Any, Any, Principal]]:
     async def check(request: Request) -> Principal:
         principal = caller(request)
+        if principal is not None and oauth_token(request):
+            raise MemoryHttpError(401, "OAuth access tokens are for /mcp; use an API key here")
         if principal is None:
             raise MemoryHttpError(401, "an API key is required (X-API-Key or Authorization: Bearer)")
         if not has_permission(principal, permission):

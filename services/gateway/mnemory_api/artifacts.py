@@ -166,6 +166,9 @@ async def get_artifact_raw(
             "Cache-Control": "private, no-store",
             "Referrer-Policy": "no-referrer",
             "X-Content-Type-Options": "nosniff",
+            # The content type is the uploader's: an HTML or SVG artifact opened from a token
+            # URL on the gateway's origin (the admin console's) runs nothing and reaches nothing.
+            "Content-Security-Policy": "default-src 'none'; sandbox",
         },
     )
 

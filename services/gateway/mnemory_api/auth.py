@@ -16,8 +16,9 @@ import jwt
 from fastapi import HTTPException, Request
 from jwt import InvalidTokenError, PyJWKClient
 
-from services.gateway.core.auth import bearer_token
+from services.gateway.core.auth import OAUTH_TOKEN_PREFIX, bearer_token
 from services.gateway.core.caller import caller, has_permission
+from services.gateway.core.scope import TOKEN_SCOPE_KEY
 from services.gateway.core.state import gateway_state
 from shared.domain.fragment import MAX_ID_CHARS
 from shared.domain.principal import Principal
@@ -125,9 +126,14 @@ async def _jwt_caller(request: Request, token: str, agent: str | None) -> Mnemor
 async def _caller(request: Request) -> MnemoryCaller:
     agent = _agent_header(request)
     principal = caller(request)
+    token = bearer_token(request.headers.get("authorization"))
+    presented = request.scope.get(TOKEN_SCOPE_KEY)
+    if principal is not None and isinstance(presented, str) and presented.startswith(OAUTH_TOKEN_PREFIX):
+        # OAuth access tokens are issued for the MCP resource ({base}/mcp), not this surface.
+        raise HTTPException(status_code=401, detail="OAuth access tokens are for /mcp; use an API key or a JWT here",
+                            headers={"WWW-Authenticate": "Bearer"})
     if principal is not None:
         return MnemoryCaller(principal, agent)
-    token = bearer_token(request.headers.get("authorization"))
     found = await _jwt_caller(request, token, agent) if token else None
     if found is None:
         raise HTTPException(status_code=401, detail=_UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})
