@@ -382,6 +382,13 @@ async def memory_ws(websocket: WebSocket) -> None:
     if not has_permission(principal, "read"):
         await _refuse(websocket, 403, FORBIDDEN)
         return
+    # The front door meters HTTP only: a handshake counts in its key's per-minute window here,
+    # as every HTTP request of the key does (the master key, the operator's, is not metered).
+    if principal.key_id is not None:
+        allowed, retry = await state.limiter.hit("key", principal.key_id, state.settings.key_rate_limit_per_min)
+        if not allowed:
+            await _refuse(websocket, 429, f"Too Many Requests: retry after {retry} s")
+            return
     try:
         wanted = parse_types(websocket.query_params.get("types"))
         resume = parse_resume(websocket.headers.get("last-event-id"), websocket.query_params.get("since"))

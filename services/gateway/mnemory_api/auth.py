@@ -57,9 +57,14 @@ class JwtVerifier:
         key: Any = self._public_key
         if self._jwks is not None:
             try:
-                key = self._jwks.get_signing_key_from_jwt(token).key
+                signing_key = self._jwks.get_signing_key_from_jwt(token)
             except jwt.PyJWKClientError as exc:
                 raise InvalidTokenError(f"signing key not found: {exc}") from exc
+            # kid confusion: a token naming a JWKS entry of another kind (a symmetric "oct" or an
+            # RSA key) is refused here; PyJWT would raise ValueError (a 500) preparing it for ES256.
+            if signing_key.key_type != "EC":
+                raise InvalidTokenError(f"signing key {signing_key.key_id!r} is not an EC key")
+            key = signing_key.key
         claims: dict[str, Any] = jwt.decode(
             token, key, algorithms=ALGORITHMS, audience=AUDIENCE, issuer=self.settings.jwt_issuer,
             options={"require": ["exp", "iss", "aud"]},
