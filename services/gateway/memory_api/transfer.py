@@ -8,12 +8,17 @@ use the one internal client's connection pool, with its service token and trace 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import uuid
 from typing import Any
 
+import anyio
 import httpx2
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from redis.exceptions import RedisError
 from starlette.background import BackgroundTask
 
 from services.common.rpc import SERVICE_TOKEN_HEADER
@@ -27,6 +32,10 @@ from shared.telemetry import inject_headers
 # A 50 MiB import embeds every entry (~100k short entries: minutes on 2 cores); the call
 # waits this long for ingest's answer instead of the tool calls' UPSTREAM_TIMEOUT.
 IMPORT_TIMEOUT_SECONDS = 1800.0
+logger = logging.getLogger(__name__)
+IMPORT_LOCK_PREFIX = "engram:memory-import:"
+# Delete the lock only while it is still this import's (not one taken after it expired).
+_RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
 
 def _headers(request: Request) -> dict[str, str]:
@@ -55,7 +64,33 @@ async def export_store(request: Request) -> Response:
     raise Unavailable("recall service unavailable") from last
 
 
+def import_lock_name(key_id: str | None) -> str:
+    return f"{IMPORT_LOCK_PREFIX}{key_id or 'master'}"
+
+
 async def import_document(request: Request, on_conflict: str) -> Response:
+    """One import per key at a time, on every replica: a 50 MiB import holds ingest for minutes,
+    so a key's second one while the first runs is a 429, not another embedder's worth of work
+    (the per-minute window alone would let a key start dozens). Without Redis, unbounded."""
+    state = gateway_state(request)
+    principal = caller(request)
+    assert principal is not None  # noqa: S101 - the route depends on MemoryWrite
+    redis, lock, token = state.redis, import_lock_name(principal.key_id), uuid.uuid4().hex
+    try:
+        if redis is not None and not await redis.set(lock, token, nx=True, ex=int(IMPORT_TIMEOUT_SECONDS) + 60):
+            return error_response(429, "an import of this key is already running; retry once it has finished")
+    except (RedisError, OSError):
+        logger.warning("memory import: Redis unreachable, the import runs without its per-key lock", exc_info=True)
+        redis = None
+    try:
+        return await _import(request, on_conflict)
+    finally:
+        if redis is not None:
+            with anyio.CancelScope(shield=True), contextlib.suppress(RedisError, OSError):
+                await redis.eval(_RELEASE, 1, lock, token)  # else it expires
+
+
+async def _import(request: Request, on_conflict: str) -> Response:
     upstreams = gateway_state(request).upstreams
     url = upstreams.urls("ingest")[0]
     try:
