@@ -79,7 +79,11 @@ async def test_a_subscription_follows_its_keys_groups(stack: Stack) -> None:
         await asyncio.sleep(PAST_RECHECK)
         shared = await new_namespace(stack, two)
         assert (await sse.next_event())["data"]["namespaceId"] == shared  # a group member's bank
+        async with http(stack, {"X-API-Key": one}) as client:  # reads follow the groups too
+            assert (await client.get(f"{MEMORY}/namespaces/{shared}")).status_code == 200
         await admin(stack, "DELETE", f"/groups/{group_id}/members/{one_id}")
+        async with http(stack, {"X-API-Key": one}) as client:
+            assert (await client.get(f"{MEMORY}/namespaces/{shared}")).status_code == 404
         await asyncio.sleep(PAST_RECHECK)
         await new_namespace(stack, two)  # no longer one's to see
         own = await new_namespace(stack, one)
