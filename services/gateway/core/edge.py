@@ -9,7 +9,9 @@ import logging
 from typing import Any
 from urllib.parse import parse_qs
 
+import anyio
 from cachetools import TTLCache
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from prometheus_client import Counter
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -18,13 +20,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from services.gateway.core import unavailable
 from services.gateway.core.auth import bearer_token
 from services.gateway.core.caller import API_KEY_HEADER, API_KEY_PATH_PREFIXES
-from services.gateway.core.limits import body_limit_for
+from services.gateway.core.limits import Hit, body_limit_for
 from services.gateway.core.round_trip import Reply, RoundTrip
-from services.gateway.core.scope import INITIALIZE_SCOPE_KEY, PRINCIPAL_SCOPE_KEY, SESSION_SCOPE_KEY, TOKEN_SCOPE_KEY
+from services.gateway.core.scope import CALL_AHEAD_SCOPE_KEY, INITIALIZE_SCOPE_KEY, PRINCIPAL_SCOPE_KEY, SESSION_SCOPE_KEY, TOKEN_SCOPE_KEY
 from services.gateway.core.state import GatewayState, state_of
 from services.gateway.core.state import started as state_built
 from services.gateway.core.wire import json_body, jsonrpc_error, replay_body
-from services.gateway.sessions import ActiveSession, token_digest
+from services.gateway.sessions import ActiveSession, Gate, token_digest
 from shared.domain.principal import Principal
 from shared.repositories import fragments as fragments_repo
 
@@ -107,13 +109,36 @@ class GatewayEdge:
         # The key generation checks a cached key: the token's, or the session's without one.
         checks_key = state.authenticator.is_key_shaped(token) if token else session_id is not None
         generation = state.authenticator.queue_generation(trip) if checks_key else None
-        resolving = state.sessions.queue_resolve(trip, session_id)
+        known, likely_principal = state.authenticator.last_known(token) if token else (False, None)
+        tool = _tool_call(scope, body) if session_id and known and likely_principal is not None else None
+        gate = self._likely_gate(state, likely_principal) if tool else None
+        resolving = state.sessions.queue_resolve(trip, session_id, tool, gate)
         likely = self._likely_limit(state, scope, token, session_id)
         hit = state.limiter.queue_hit(trip, *likely) if likely is not None else None
         await trip.run()
 
         principal = await state.authenticator.authenticate(token, generation) if token else None
         session = await state.sessions.resolved(resolving)
+        ahead = await state.sessions.called_ahead(resolving, session, tool) if tool else None
+        if ahead is None:
+            await self._checked(state, scope, receive, send, body, token, principal, session, generation, hit, likely)
+            return
+        # The tool call was recorded in the round trip; the MCP handler takes it once its checks
+        # pass. One refused before (here, or further in) did not happen: it is taken back.
+        scope[CALL_AHEAD_SCOPE_KEY] = ahead
+        try:
+            await self._checked(state, scope, receive, send, body, token, principal, session, generation, hit, likely)
+        finally:
+            if not ahead.taken:
+                with anyio.CancelScope(shield=True):
+                    await state.sessions.take_back(ahead)
+
+    async def _checked(
+        self, state: GatewayState, scope: Scope, receive: Receive, send: Send, body: bytes | None, token: str | None,
+        principal: Principal | None, session: ActiveSession | None, generation: Reply | None, hit: Hit | None,
+        likely: tuple[str, str, int] | None,
+    ) -> None:
+        """The request past the round trip: the session's checks, the rate limit, then the app."""
         if session is not None:
             # seed: Streamable HTTP authenticates at initialize "and the session keeps it"; the
             # key behind the session is still checked on every request, so a key set inactive
@@ -158,6 +183,13 @@ class GatewayEdge:
         if principal.key_id is None:
             return None
         return "key", principal.key_id, state.settings.key_rate_limit_per_min
+
+    @staticmethod
+    def _likely_gate(state: GatewayState, principal: Principal | None) -> Gate | None:
+        """The daily-limit gate the MCP handler will count a tool call on (the same call)."""
+        if principal is None or principal.key_id is None or principal.daily_limit is None:
+            return None
+        return state.daily_calls.gate(principal.key_id, principal.daily_limit)
 
     def _likely_limit(
         self, state: GatewayState, scope: Scope, token: str | None, session_id: str | None
@@ -284,6 +316,22 @@ def _session_id(scope: Scope) -> str | None:
         values = query.get("sessionId") or query.get("session_id")
         return values[0] if values else None
     return Headers(scope=scope).get("mcp-session-id")
+
+
+def _tool_call(scope: Scope, body: bytes | None) -> str | None:
+    """The tool a POST /mcp of a session calls, when its body is one tools/call request of
+    the protocol era this gateway serves itself (services/gateway/mcp/exchange.py)."""
+    if scope["path"] != "/mcp" or scope["method"] != "POST" or not body:
+        return None
+    version = Headers(scope=scope).get("mcp-protocol-version")
+    if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
+        return None
+    message = json_body(scope, body).value
+    if not isinstance(message, dict) or message.get("method") != "tools/call" or "id" not in message:
+        return None
+    params = message.get("params")
+    name = params.get("name") if isinstance(params, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _has_method(scope: Scope, body: bytes, method: str) -> bool:

@@ -7,3 +7,4 @@ OPENED_SCOPE_KEY = "engram.session-opened"  # the ActiveSession an initialize op
 INITIALIZE_SCOPE_KEY = "engram.initialize"  # whether a POST body carries an `initialize`
 JSON_BODY_SCOPE_KEY = "engram.json-body"  # a POST body parsed once (core/wire.py json_body)
 MESSAGE_SCOPE_KEY = "engram.jsonrpc"  # the JSON-RPC message JsonRpcGuard validated (mcp_types)
+CALL_AHEAD_SCOPE_KEY = "engram.call-ahead"  # a tools/call recorded in the front door's round trip

@@ -20,11 +20,11 @@ from services.common.internal import CORRELATION_SCOPE_KEY, TRACE_SCOPE_KEY, par
 from services.common.rpc import InternalClient
 from services.gateway.core import unavailable
 from services.gateway.core.caller import has_permission
-from services.gateway.core.scope import OPENED_SCOPE_KEY, PRINCIPAL_SCOPE_KEY, SESSION_SCOPE_KEY, TOKEN_SCOPE_KEY
+from services.gateway.core.scope import CALL_AHEAD_SCOPE_KEY, OPENED_SCOPE_KEY, PRINCIPAL_SCOPE_KEY, SESSION_SCOPE_KEY, TOKEN_SCOPE_KEY
 from services.gateway.core.usage import DailyCalls
 from services.gateway.mcp import modes, skill_guide
 from services.gateway.mcp.rotation import rotate
-from services.gateway.sessions import ActiveSession, SessionGone, Sessions
+from services.gateway.sessions import ActiveSession, CallAhead, SessionGone, Sessions
 from shared.contract.base import check_storable
 from shared.contract.catalog import TOOLS, TOOLS_BY_NAME, ToolSpec
 from shared.domain.errors import INVALID_REQUEST, EngramError, PermissionDenied
@@ -233,7 +233,7 @@ class McpHandler:
         arguments = dict(params.arguments or {})
         try:
             check_permission(principal, spec.name, spec.permission)
-            wire_session = await self._record_call(principal, _session(ctx), spec.name)
+            wire_session = await self._record_call(principal, _session(ctx), spec.name, _scope(ctx).get(CALL_AHEAD_SCOPE_KEY))
             check_storable(arguments)  # NaN / Infinity cannot cross the internal JSON hop
             if spec.service == "gateway":
                 result, is_error = await self._gateway_tool(ctx, spec, arguments)
@@ -257,9 +257,12 @@ class McpHandler:
             return await rotate(self.sessions, session, session.current_client_id, args.reason or "explicit_rotate"), False
         raise MCPError(code=-32602, message=f"Unknown tool: {spec.name}")
 
-    async def _record_call(self, principal: Principal, session: ActiveSession | None, tool: str) -> dict[str, Any] | None:
+    async def _record_call(
+        self, principal: Principal, session: ActiveSession | None, tool: str, ahead: CallAhead | None
+    ) -> dict[str, Any] | None:
         """Count the call against the key's daily_limit and record it in its session (the
-        wire session it is forwarded with): where both live in Redis, in one round trip."""
+        wire session it is forwarded with): where both live in Redis, in one round trip, which
+        is usually the front door's (`ahead`: recorded there, taken here as the checks passed)."""
         key_id, limit = principal.key_id, principal.daily_limit
         gate = self.daily_calls.gate(key_id, limit) if key_id is not None and limit is not None and session else None
         # Without a session or without Redis the call is counted on its own, first.
@@ -267,7 +270,7 @@ class McpHandler:
             raise _daily_limit_exceeded(limit)
         if session is None:
             return None
-        segment, counted = await self.sessions.current_segment(session, tool, gate)
+        segment, counted = await self.sessions.current_segment(session, tool, gate, ahead)
         if gate is not None and key_id is not None:
             calls = await self.daily_calls.counted(key_id, counted)
             if segment is None or calls > gate.limit:  # segment None: the gate refused it

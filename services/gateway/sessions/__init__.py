@@ -2,11 +2,12 @@
 
 from services.gateway.sessions.fallback import FallbackSessionStore
 from services.gateway.sessions.model import ActiveSession, SessionGone, Transport, token_digest
-from services.gateway.sessions.service import Sessions
+from services.gateway.sessions.service import CallAhead, Sessions
 from services.gateway.sessions.store import Gate, MemorySessionStore, RedisSessionStore, SessionStore
 
 __all__ = [
     "ActiveSession",
+    "CallAhead",
     "FallbackSessionStore",
     "Gate",
     "MemorySessionStore",

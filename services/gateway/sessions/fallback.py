@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
-from services.gateway.core.round_trip import RoundTrip
+from services.gateway.core.round_trip import Reply, RoundTrip
 from services.gateway.sessions.store import (
     UNREACHABLE,
     CallTimes,
@@ -13,6 +13,7 @@ from services.gateway.sessions.store import (
     Gate,
     Loading,
     MemorySessionStore,
+    PlannedCall,
     Recorded,
     RedisSessionStore,
 )
@@ -95,6 +96,19 @@ class FallbackSessionStore:
             return await self.primary.record(key, log_key, entry, keep, ttl, call, gate)
         except UNREACHABLE:
             return Recorded("gone")
+
+    def queue_record(self, trip: RoundTrip, planned: PlannedCall) -> Reply | None:
+        return self.primary.queue_record(trip, planned)
+
+    async def recorded(self, planned: PlannedCall, reply: Reply | None) -> Recorded | None:
+        try:
+            return await self.primary.recorded(planned, reply)
+        except UNREACHABLE:
+            return None
+
+    async def unrecord(self, planned: PlannedCall, handle: str, recorded: Recorded) -> None:
+        with contextlib.suppress(*UNREACHABLE):
+            await self.primary.unrecord(planned, handle, recorded)
 
     async def swap(
         self, key: str, version: int, value: Document, ttl: float, log_key: str, entry: Document, keep: int

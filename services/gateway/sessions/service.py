@@ -27,6 +27,7 @@ Store layout (every key expires unless used; the idle sweep ends a session befor
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -41,7 +42,7 @@ from celery import Celery
 from prometheus_client import Counter, Gauge
 from redis.exceptions import RedisError
 
-from services.gateway.core.round_trip import RoundTrip
+from services.gateway.core.round_trip import Reply, RoundTrip
 from services.gateway.sessions.model import (
     ActiveSession,
     SessionGone,
@@ -53,7 +54,7 @@ from services.gateway.sessions.model import (
     token_digest,
     token_key,
 )
-from services.gateway.sessions.store import CallTimes, Document, Gate, Loading, SessionStore
+from services.gateway.sessions.store import CallTimes, Document, Gate, Loading, PlannedCall, Recorded, SessionStore
 from shared.domain.principal import Principal
 from shared.jobs import send_job
 from shared.repositories import sessions as sessions_repo
@@ -83,10 +84,26 @@ KEY_GRACE_SECONDS = 120.0
 
 @dataclass(frozen=True)
 class Resolving:
-    """A resolve() queued in a round trip."""
+    """A resolve() queued in a round trip, with the tool call it records ahead, if any."""
 
     client_id: str | None
     loading: Loading | None
+    call: PlannedCall | None = None
+    recording: Reply | None = None
+
+
+@dataclass
+class CallAhead:
+    """A tool call recorded in the round trip that resolved its session, before the checks
+    that may still refuse it. The MCP handler takes it (current_segment) once they pass;
+    one nobody took is taken back (take_back)."""
+
+    tool: str
+    gate: Gate | None
+    handle: str
+    planned: PlannedCall
+    recorded: Recorded
+    taken: bool = False
 
 
 def _now_iso() -> str:
@@ -209,10 +226,40 @@ class Sessions:
             return None
         return self._active(client_id, await self.store.load(id_key(client_id), doc_key(""), self.ttl, touch=touch))
 
-    def queue_resolve(self, trip: RoundTrip, client_id: str | None) -> Resolving:
-        """resolve() within a request's round trip (core/round_trip.py); resolved() reads it."""
-        loading = self.store.queue_load(trip, id_key(client_id), doc_key(""), self.ttl, touch=True) if client_id else None
-        return Resolving(client_id, loading)
+    def queue_resolve(
+        self, trip: RoundTrip, client_id: str | None, tool: str | None = None, gate: Gate | None = None
+    ) -> Resolving:
+        """resolve() within a request's round trip (core/round_trip.py); resolved() reads it.
+        `tool`: a tools/call the request carries, recorded in the same round trip (called_ahead())."""
+        if not client_id:
+            return Resolving(None, None)
+        loading = self.store.queue_load(trip, id_key(client_id), doc_key(""), self.ttl, touch=True)
+        if tool is None:
+            return Resolving(client_id, loading)
+        entry = json.dumps({"tool": tool, "at": _now_iso()})
+        planned = PlannedCall(
+            id_key(client_id), client_id, doc_key(""), activity_key(""), entry, ACTIVITY_KEPT, self.ttl, self._call_times(), gate
+        )
+        return Resolving(client_id, loading, planned, self.store.queue_record(trip, planned))
+
+    async def called_ahead(self, resolving: Resolving, session: ActiveSession | None, tool: str) -> CallAhead | None:
+        """The tool call recorded in the resolving round trip, if it was."""
+        if resolving.call is None or session is None:
+            return None
+        recorded = await self.store.recorded(resolving.call, resolving.recording)
+        if recorded is None:
+            return None
+        return CallAhead(tool, resolving.call.gate, session.handle, resolving.call, recorded)
+
+    async def take_back(self, ahead: CallAhead) -> None:
+        """A call recorded ahead that its checks refused: it did not happen."""
+        await self.store.unrecord(ahead.planned, ahead.handle, ahead.recorded)
+
+    def _call_times(self) -> CallTimes:
+        now = time.time()
+        if not self.segmented:
+            return CallTimes(now, 0.0, 0.0)
+        return CallTimes(now, now - self.settings.segment_idle.total_seconds(), now - self.settings.segment_lifetime.total_seconds())
 
     async def resolved(self, resolving: Resolving) -> ActiveSession | None:
         if resolving.client_id is None or resolving.loading is None:
@@ -244,26 +291,29 @@ class Sessions:
         await self.store.update(doc_key(session.handle), change, self.ttl)
 
     # -- segments ----------------------------------------------------------------------
-    async def current_segment(self, session: ActiveSession, tool: str, gate: Gate | None = None) -> tuple[str | None, int | None]:
+    async def current_segment(
+        self, session: ActiveSession, tool: str, gate: Gate | None = None, ahead: CallAhead | None = None
+    ) -> tuple[str | None, int | None]:
         """Record a tool call of the session: (the segment id it belongs to, the gate's count).
         The segment rotates first when it went idle or outlived its lifetime. `gate`: a
         counter the call is counted on first, in the same round trip; past its limit the call
         is not recorded and the segment is None. The count is None when the store could not
-        count it (without Redis): the caller counts it.
+        count it (without Redis): the caller counts it. `ahead`: the call as the front door
+        recorded it already (used when it is this call, with this gate).
 
         A call is recorded in one round trip that changes the document in the store only if
         its segment stays (store.record); a rotation is a versioned swap, so of two replicas
         serving calls of one session at once only one rotates a segment; the other reads
         again and goes on."""
-        entry = {"tool": tool, "at": _now_iso()}
-        now = time.time()
-        if self.segmented:
-            bounds = CallTimes(now, now - self.settings.segment_idle.total_seconds(), now - self.settings.segment_lifetime.total_seconds())
+        if ahead is not None and not ahead.taken and ahead.tool == tool and ahead.gate == gate:
+            ahead.taken = True
+            entry = json.loads(ahead.planned.entry)
+            recorded = ahead.recorded
         else:
-            bounds = CallTimes(now, 0.0, 0.0)
-        recorded = await self.store.record(
-            doc_key(session.handle), activity_key(session.handle), entry, ACTIVITY_KEPT, self.ttl, bounds, gate
-        )
+            entry = {"tool": tool, "at": _now_iso()}
+            recorded = await self.store.record(
+                doc_key(session.handle), activity_key(session.handle), entry, ACTIVITY_KEPT, self.ttl, self._call_times(), gate
+            )
         if recorded.outcome == "refused":
             return None, recorded.count
         if recorded.outcome == "gone" or recorded.doc is None:

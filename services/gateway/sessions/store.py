@@ -55,6 +55,19 @@ class SessionStore(Protocol):
 
     async def loaded(self, loading: Loading) -> tuple[Document, Document] | None: ...
 
+    def queue_record(self, trip: RoundTrip, planned: PlannedCall) -> Reply | None:
+        """record() of the session a client id names, within a round trip; None: this store
+        records no call ahead (the caller records it with record())."""
+        ...
+
+    async def recorded(self, planned: PlannedCall, reply: Reply | None) -> Recorded | None:
+        """What a queued record did; None when nothing was recorded ahead."""
+        ...
+
+    async def unrecord(self, planned: PlannedCall, handle: str, recorded: Recorded) -> None:
+        """Take back a call recorded ahead: its count on the gate, its activity entry."""
+        ...
+
     async def swap(
         self, key: str, version: int, value: Document, ttl: float, log_key: str, entry: Document, keep: int
     ) -> tuple[bool, Document | None]:
@@ -126,6 +139,22 @@ class Recorded:
 
 
 @dataclass(frozen=True)
+class PlannedCall:
+    """A tool call to record in the round trip that resolves its session (the front door's),
+    ahead of the checks that may still refuse it (then it is taken back: unrecord())."""
+
+    id_key: str
+    client_id: str
+    doc_prefix: str
+    log_prefix: str
+    entry: str  # the activity entry, as JSON (unrecord() removes this exact string)
+    keep: int
+    ttl: float
+    times: CallTimes
+    gate: Gate | None
+
+
+@dataclass(frozen=True)
 class Loading:
     """A load() queued in a round trip."""
 
@@ -141,6 +170,17 @@ def _bumped(before: Document, after: Document | None) -> Document | None:
     if after is not None:
         after["v"] = int(before.get("v", 0)) + 1
     return after
+
+
+def _recorded(outcome: Any) -> Recorded:
+    if outcome[0] == 2:
+        session_id = outcome[1].decode() if isinstance(outcome[1], bytes) else str(outcome[1])
+        return Recorded("recorded", {"session_id": session_id, "seq": int(outcome[2])}, _count(outcome[3]))
+    if outcome[0] == 1:
+        return Recorded("rotate", json.loads(outcome[1]), _count(outcome[2]))
+    if outcome[0] == 3:
+        return Recorded("refused", count=int(outcome[1]))
+    return Recorded("gone")
 
 
 def _count(value: Any) -> int | None:
@@ -181,27 +221,60 @@ return {2}
 # A tool call changes three fields of the document: in Redis, so that the gateway neither
 # decodes nor encodes it per call. cjson writes numbers with 14 significant digits (a time
 # keeps 0.1 ms); a document has no arrays (cjson would write an empty one as {}).
-_RECORD = """
-local current = redis.call('GET', KEYS[1])
-if not current then return {0} end
-local count = -1
-if KEYS[3] then
-  count = redis.call('INCR', KEYS[3])
-  redis.call('PEXPIRE', KEYS[3], ARGV[8])
-  if count > tonumber(ARGV[7]) then return {3, count} end
+_RECORD_CALL = """
+local function record(doc_key, log_key, gate_key)
+  local current = redis.call('GET', doc_key)
+  if not current then return {0} end
+  local count = -1
+  if gate_key then
+    count = redis.call('INCR', gate_key)
+    redis.call('PEXPIRE', gate_key, ARGV[8])
+    if count > tonumber(ARGV[7]) then return {3, count} end
+  end
+  local doc = cjson.decode(current)
+  if tonumber(doc['last_activity']) < tonumber(ARGV[2]) or tonumber(doc['segment_started']) < tonumber(ARGV[3]) then
+    return {1, current, count}
+  end
+  doc['last_activity'] = tonumber(ARGV[1])
+  doc['segment_calls'] = (tonumber(doc['segment_calls']) or 0) + 1
+  doc['v'] = (tonumber(doc['v']) or 0) + 1
+  redis.call('SET', doc_key, cjson.encode(doc), 'PX', ARGV[4])
+  redis.call('RPUSH', log_key, ARGV[5])
+  redis.call('LTRIM', log_key, -tonumber(ARGV[6]), -1)
+  redis.call('PEXPIRE', log_key, ARGV[4])
+  return {2, doc['session_id'], doc['seq'], count}
 end
-local doc = cjson.decode(current)
-if tonumber(doc['last_activity']) < tonumber(ARGV[2]) or tonumber(doc['segment_started']) < tonumber(ARGV[3]) then
-  return {1, current, count}
+"""
+# A tool call changes three fields of the document: in Redis, so that the gateway neither
+# decodes nor encodes it per call. cjson writes numbers with 14 significant digits (a time
+# keeps 0.1 ms); a document has no arrays (cjson would write an empty one as {}).
+_RECORD = _RECORD_CALL + "return record(KEYS[1], KEYS[2], KEYS[3])"
+# The same for the session a client id names, when that id is still one of the session's
+# (the front door records a tool call in the round trip that resolves its session).
+_RECORD_BY_ID = _RECORD_CALL + """
+local id = redis.call('GET', KEYS[1])
+if not id then return {0} end
+local handle = cjson.decode(id)['h']
+local doc = redis.call('GET', ARGV[9] .. handle)
+if not doc or cjson.decode(doc)['ids'][ARGV[11]] == nil then return {0} end
+return record(ARGV[9] .. handle, ARGV[10] .. handle, KEYS[2])
+"""
+# Takes back a call recorded ahead of its checks, which then refused it.
+_UNRECORD = """
+if KEYS[3] then redis.call('DECR', KEYS[3]) end
+if ARGV[4] == '1' then
+  local current = redis.call('GET', KEYS[1])
+  if current then
+    local doc = cjson.decode(current)
+    if doc['session_id'] == ARGV[2] and tonumber(doc['seq']) == tonumber(ARGV[3]) and tonumber(doc['segment_calls']) > 0 then
+      doc['segment_calls'] = doc['segment_calls'] - 1
+      doc['v'] = (tonumber(doc['v']) or 0) + 1
+      redis.call('SET', KEYS[1], cjson.encode(doc), 'KEEPTTL')
+    end
+  end
+  redis.call('LREM', KEYS[2], -1, ARGV[1])
 end
-doc['last_activity'] = tonumber(ARGV[1])
-doc['segment_calls'] = (tonumber(doc['segment_calls']) or 0) + 1
-doc['v'] = (tonumber(doc['v']) or 0) + 1
-redis.call('SET', KEYS[1], cjson.encode(doc), 'PX', ARGV[4])
-redis.call('RPUSH', KEYS[2], ARGV[5])
-redis.call('LTRIM', KEYS[2], -tonumber(ARGV[6]), -1)
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
-return {2, doc['session_id'], doc['seq'], count}
+return 1
 """
 
 
@@ -211,6 +284,8 @@ class RedisSessionStore:
         self._load = redis.register_script(_LOAD)
         self._swap = redis.register_script(_SWAP)
         self._record = redis.register_script(_RECORD)
+        self._record_by_id = redis.register_script(_RECORD_BY_ID)
+        self._unrecord = redis.register_script(_UNRECORD)
 
     async def get(self, key: str) -> Document | None:
         raw = await self.redis.get(key)
@@ -284,15 +359,36 @@ class RedisSessionStore:
         args: list[Any] = [call.now, call.idle_before, call.lifetime_before, _ttl_ms(ttl), json.dumps(entry), keep]
         if gate is not None:
             args += [gate.limit, _ttl_ms(gate.ttl)]
-        outcome = await self._record(keys=keys, args=args)
-        if outcome[0] == 2:
-            session_id = outcome[1].decode() if isinstance(outcome[1], bytes) else str(outcome[1])
-            return Recorded("recorded", {"session_id": session_id, "seq": int(outcome[2])}, _count(outcome[3]))
-        if outcome[0] == 1:
-            return Recorded("rotate", json.loads(outcome[1]), _count(outcome[2]))
-        if outcome[0] == 3:
-            return Recorded("refused", count=int(outcome[1]))
-        return Recorded("gone")
+        return _recorded(await self._record(keys=keys, args=args))
+
+    def queue_record(self, trip: RoundTrip, planned: PlannedCall) -> Reply | None:
+        call, gate = planned.times, planned.gate
+        args: list[Any] = [
+            call.now, call.idle_before, call.lifetime_before, _ttl_ms(planned.ttl), planned.entry, planned.keep,
+            gate.limit if gate else 0, _ttl_ms(gate.ttl) if gate else 0, planned.doc_prefix, planned.log_prefix,
+            planned.client_id,
+        ]
+        keys = [planned.id_key] if gate is None else [planned.id_key, gate.key]
+        return trip.queue("EVALSHA", self._record_by_id.sha, len(keys), *keys, *args)
+
+    async def recorded(self, planned: PlannedCall, reply: Reply | None) -> Recorded | None:
+        if reply is None:
+            return None
+        try:
+            found = _recorded(reply.result())
+        except NoScriptError:  # not loaded yet (or Redis restarted): the caller records this one
+            await self.redis.script_load(_RECORD_BY_ID)
+            return None
+        return found if found.outcome != "gone" else None
+
+    async def unrecord(self, planned: PlannedCall, handle: str, recorded: Recorded) -> None:
+        done = recorded.outcome == "recorded" and recorded.doc is not None
+        keys = [planned.doc_prefix + handle, planned.log_prefix + handle]
+        if planned.gate is not None and recorded.count is not None:
+            keys.append(planned.gate.key)
+        doc = recorded.doc or {}
+        args: list[Any] = [planned.entry, str(doc.get("session_id", "")), int(doc.get("seq", 0)), "1" if done else "0"]
+        await self._unrecord(keys=keys, args=args)
 
     async def swap(
         self, key: str, version: int, value: Document, ttl: float, log_key: str, entry: Document, keep: int
@@ -415,6 +511,15 @@ class MemorySessionStore:
             await self.put(key, doc, ttl)
             self._append(log_key, entry, keep)
             return Recorded("recorded", doc)
+
+    def queue_record(self, trip: RoundTrip, planned: PlannedCall) -> Reply | None:
+        return None
+
+    async def recorded(self, planned: PlannedCall, reply: Reply | None) -> Recorded | None:
+        return None
+
+    async def unrecord(self, planned: PlannedCall, handle: str, recorded: Recorded) -> None:
+        return None
 
     def _append(self, log_key: str, entry: Document, keep: int) -> None:
         self._logs[log_key] = [*self._logs.get(log_key, [])[-(keep - 1):], json.dumps(entry)]
