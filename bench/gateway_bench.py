@@ -145,6 +145,8 @@ def main() -> None:
     # No worker or beat: their jobs would compete for the 2 cores with what is timed.
     config.worker = False
     config.beat = False
+    # Two api-key cases of --calls each share one key's per-minute limit (1200 by default).
+    config.extra_env["RATE_LIMIT_PER_KEY_PER_MIN"] = "100000000"
     config.redis_enabled = args.redis == "on"
     stack = Stack(config)
     try:
