@@ -8,12 +8,18 @@ team eval's protocol and scoring). No LLM is involved: this measures retrieval a
 
   python -m bench.eval_locomo [--data locomo10.json] [--conversations conv-26,conv-30]
                               [--unanswerable bench/data/unanswerable.json]
+                              [--per-conversation] [--save-ids ids.json --no-cleanup]
 
 --data takes the published locomo10.json format; it defaults to the team's dev file
 (../shared/eval/locomo-dev.json) when that is there. --unanswerable also asks, in every
 conversation's workspace, questions about things never stored there and counts the replies
 that say so (_meta.hints no_results). The last line printed is the headline:
   recall@10 <value> (cat 1-4, n=<questions>, conversations=<k>)
+
+--per-conversation also prints each conversation's recall@10 and MRR (cat 1-4);
+--save-ids with --no-cleanup writes each conversation's workspace and fragment id -> turn
+map, so bench.locomo_rescore can rank the stored turns again in process (ranking changes
+measured without ingesting again).
 """
 
 from __future__ import annotations
@@ -74,6 +80,8 @@ async def run(target: Target, args: argparse.Namespace, data: list[dict[str, Any
     latencies: list[float] = []
     not_found = asked = 0
     ingest_turns, ingest_s = 0, 0.0
+    per_conv: dict[str, list[tuple[int, dict[str, float]]]] = {}
+    saved: dict[str, dict[str, Any]] = {}
     async with mcp_session(target) as session:
         for sample in data:
             workspace = f"locomo-{run_id}-{sample['sample_id']}"
@@ -82,6 +90,7 @@ async def run(target: Target, args: argparse.Namespace, data: list[dict[str, Any
             id_to_dia = await ingest(session, workspace, turns)
             ingest_s += time.perf_counter() - started
             ingest_turns += len(turns)
+            saved[sample["sample_id"]] = {"workspace": workspace, "ids": id_to_dia}
             await asyncio.sleep(args.settle)
 
             def recall_args(text: str, ws: str = workspace) -> dict[str, Any]:
@@ -94,6 +103,7 @@ async def run(target: Target, args: argparse.Namespace, data: list[dict[str, Any
                 latencies.append(time.perf_counter() - started)
                 ranked = [id_to_dia.get(i, f"?{i}") for i in fragment_ids(reply)]
                 rows.append((q.category, locomo.score(ranked, q.evidence)))
+                per_conv.setdefault(sample["sample_id"], []).append(rows[-1])
                 if args.verbose:
                     print(f"Q\t{q.category}\t{rows[-1][1]['recall@10']:.2f}\t{reply.get('searchPath')}\t{q.text}")
             for text in unanswerable:
@@ -105,6 +115,11 @@ async def run(target: Target, args: argparse.Namespace, data: list[dict[str, Any
             if args.cleanup:
                 await call(session, "forget", {"topic": workspace, "force": True})
 
+    if args.save_ids:
+        Path(args.save_ids).write_text(json.dumps(saved))
+    if args.per_conversation:
+        for line in locomo.per_conversation(per_conv):
+            print(line)
     for line in locomo.report(rows):
         print(line)
     lat_ms = [s * 1000 for s in latencies]
@@ -131,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--unanswerable", help="JSON {\"questions\": [...]} asked in every conversation's workspace")
     parser.add_argument("--verbose", action="store_true",
                         help="print each question's score (for never-stored ones: no_results) and searchPath, tab-separated")
+    parser.add_argument("--per-conversation", action="store_true", help="also print each conversation's recall@10 and MRR")
+    parser.add_argument("--save-ids", help="write {sample_id: {workspace, ids: {fragment id: dia_id}}} here (with --no-cleanup)")
     args = parser.parse_args(argv)
     if not args.data:
         parser.error(f"--data is required ({DEV_DATA} is not there)")

@@ -109,3 +109,20 @@ def report(rows: Sequence[tuple[int, dict[str, float]]]) -> list[str]:
             means = [statistics.fmean(r[m] for r in group) for m in METRICS]
             lines.append(f"{name:<14}{len(group):>6}" + "".join(f"{v:>11.3f}" for v in means))
     return lines
+
+
+def per_conversation(groups: dict[str, Sequence[tuple[int, dict[str, float]]]]) -> list[str]:
+    """recall@10 and MRR over categories 1-4 of each conversation, then their macro mean."""
+    lines = [f"{'conversation':<14}{'n':>6}{'recall@10':>11}{'mrr':>11}"]
+    macro: list[tuple[float, float]] = []
+    for sample_id, rows in groups.items():
+        main = [r for cat, r in rows if cat != ADVERSARIAL]
+        if not main:
+            continue
+        r10, mrr = statistics.fmean(r["recall@10"] for r in main), statistics.fmean(r["mrr"] for r in main)
+        macro.append((r10, mrr))
+        lines.append(f"{sample_id:<14}{len(main):>6}{r10:>11.3f}{mrr:>11.3f}")
+    if len(macro) > 1:
+        lines.append(f"{'macro mean':<14}{'':>6}{statistics.fmean(a for a, _ in macro):>11.3f}"
+                     f"{statistics.fmean(b for _, b in macro):>11.3f}")
+    return lines

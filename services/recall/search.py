@@ -234,7 +234,8 @@ async def layered_search(
     for fid, r in rows.items():
         prev, nxt = links.get(fid) or (None, None)
         pooled[fid] = PoolRow(r.id, r.tf, r.dl, r.cosine, r.importance, r.activation, r.age_days, prev, nxt,
-                              passage_cosine=r.passage_cosine, names_label=not stats.idf.keys().isdisjoint(r.label_lexemes))
+                              passage_cosine=r.passage_cosine, names_label=not stats.idf.keys().isdisjoint(r.label_lexemes),
+                              asks=r.asks)
     pool = Pool(candidates, pooled, avgdl)
     hits = score(pool, stats.idf)
     closest = max((r.cosine for r in pool.rows.values() if r.cosine is not None), default=None)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
+
+from shared.domain.passages import lead_of
 
 # seed depth enum: which types each depth covers.
 DEPTH_TYPES: dict[str, tuple[str, ...] | None] = {
@@ -47,3 +50,23 @@ class RankedHit:
     id: str
     score: float
     layers: set[str] = field(default_factory=set)
+
+
+# Text sentences end at . ! ? (or their CJK forms); a trailing bracketed note (`[shares a
+# photo of ...]`) is not part of what was said.
+_SENTENCE = re.compile(r"[^.!?\u3002\uff01\uff1f\n]+[.!?\u3002\uff01\uff1f]*")
+_TRAILING_NOTE = re.compile(r"\s*\[[^\]]*\]\s*$")
+_QUESTION_MARKS = ("?", "\uff1f")
+
+
+def question_share(content: str) -> float:
+    """The share of a fragment's text (after its lead, `[date] Sam:`) in sentences that are
+    questions: 1.0 for `Wow! How did you get into painting?`'s second half weighed by length."""
+    text = _TRAILING_NOTE.sub("", content[len(lead_of(content)):]).strip()
+    total = asked = 0
+    for m in _SENTENCE.finditer(text):
+        sentence = m.group().strip()
+        total += len(sentence)
+        if sentence.endswith(_QUESTION_MARKS):
+            asked += len(sentence)
+    return asked / total if total else 0.0

@@ -14,7 +14,7 @@ from cachetools import LRUCache
 from shared.domain.keywords import STOPWORDS
 from shared.domain.passages import LEAD_MAX, label_of
 from shared.domain.principal import Principal, SqlParams, scope_clause
-from shared.domain.search import FragmentFilter
+from shared.domain.search import FragmentFilter, question_share
 from shared.repositories.fragments import filter_clauses
 
 # Okapi BM25 (Robertson & Zaragoza 2009); k1 0.9 / b 0.4 are Anserini's defaults for short
@@ -228,6 +228,11 @@ class PooledFragment:
     passage_cosine: float | None = None  # the best of its passages', if it has any
     label: str = ""  # shared.domain.passages.label_of
     label_lexemes: tuple[str, ...] = ()
+    asks: float = 0.0  # shared.domain.search.question_share of its first QUESTION_TEXT_MAX characters
+
+
+# How much of a pooled fragment's text is read to tell how much of it asks questions.
+QUESTION_TEXT_MAX = 1000
 
 
 # Lexemes of fragment labels (shared.domain.passages.label_of), by label: a store's labels
@@ -269,7 +274,7 @@ async def pool_rows(
                extract(epoch FROM now() - f.created_at) / 86400.0 AS age_days,
                CASE WHEN f.embedding IS NULL THEN NULL ELSE {cosine} END AS cosine,
                CASE WHEN f.embedding IS NULL THEN NULL ELSE {passage_cosine} END AS passage_cosine,
-               left(f.content, {LEAD_MAX + 1}) AS head
+               left(f.content, {max(LEAD_MAX + 1, QUESTION_TEXT_MAX)}) AS head
         FROM fragments f WHERE f.id = ANY({id_list}::text[]) AND {scope}
     """
     out = {}
@@ -278,6 +283,7 @@ async def pool_rows(
             r["id"], {}, int(r["dl"]), None if r["cosine"] is None else float(r["cosine"]),
             float(r["importance"]), float(r["ema_activation"]), float(r["age_days"]),
             None if r["passage_cosine"] is None else float(r["passage_cosine"]), label_of(r["head"]),
+            asks=question_share(r["head"]),
         )
     lexemes = await label_lexemes(conn, {row.label for row in out.values() if row.label})
     for row in out.values():

@@ -7,7 +7,7 @@ import pytest
 from services.recall import fusion
 from services.recall.fusion import Pool, PoolRow
 from shared.domain import passages
-from shared.domain.search import RankedHit
+from shared.domain.search import RankedHit, question_share
 
 
 def _row(fid: str, tf: dict[str, int], cosine: float, prev: str | None = None, nxt: str | None = None) -> PoolRow:
@@ -92,3 +92,30 @@ def test_passages_pair_sentences_under_the_lead_and_labels_drop_the_stamp() -> N
     texts, spans = passages.embedding_inputs([("ops", content), (None, "Short one.")])
     assert texts[:2] == [f"ops: {content}", "Short one."] and spans == [(2, 3), (5, 0)]
     assert texts[2:] == passages.passages(content)
+
+
+def test_question_share_weighs_question_sentences_after_the_lead() -> None:
+    asked = "[1:47 pm on 18 May, 2023] Sam: Wow, that's impressive! How did you get into watercolor painting?"
+    assert question_share(asked) == pytest.approx(41 / 64)
+    assert question_share("[d] Evan: My friend got me into it, and I was hooked right away!") == 0.0
+    # a trailing bracketed note is not what was said; the lead's colon is not a sentence
+    assert question_share("[d] Sam: What made you decide to get that? [shares a photo of a tree]") == 1.0
+    assert question_share("Decision: should we move to Postgres 16?") == 1.0
+    assert question_share("") == 0.0
+
+
+def test_a_turn_that_only_asks_yields_to_the_reply_that_answers() -> None:
+    # The question turn is a little closer to the query than the reply that holds the answer.
+    # Without the question penalty the asker ranks first; with it the reply does.
+    rows = {
+        "ask": _row("ask", {"watercolor": 1}, 0.60, nxt="reply"),
+        "reply": _row("reply", {"watercolor": 1}, 0.56, prev="ask"),
+        "other": _row("other", {}, 0.10),
+    }
+    pool = Pool({"ask": {"L2"}, "reply": {"L2"}, "other": {"L3"}}, rows, avgdl=10.0)
+    idf = {"watercolor": 2.0}
+    rows["ask"].asks = 0.0
+    assert [h.id for h in fusion.score(pool, idf)][0] == "ask"
+    rows["ask"].asks = 1.0
+    assert fusion.QUESTION_WEIGHT > 0
+    assert [h.id for h in fusion.score(pool, idf)][0] == "reply"

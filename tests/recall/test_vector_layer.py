@@ -187,12 +187,45 @@ async def test_a_query_naming_a_label_gets_the_field_bonus_in_the_layered_search
     def scores() -> Awaitable[dict[str, float]]:
         return _keyword_scores(conn, principal, FragmentFilter(workspace=ws, topic=topic), ["priya", "migration"])
 
+    weight = fusion.LABEL_WEIGHT
+    assert weight > 0
     with_field = await scores()
     monkeypatch.setattr(fusion, "LABEL_WEIGHT", 0.0)
     without = await scores()
     assert set(with_field) == set(without) == {said, about}
-    assert with_field[said] - without[said] == pytest.approx(0.2)
+    assert with_field[said] - without[said] == pytest.approx(weight)
     assert with_field[about] == pytest.approx(without[about])
+
+
+async def test_a_fragment_that_asks_loses_its_question_share_in_the_layered_search(
+    stack: Stack, conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pool_rows' question share reaches the ranking: the fragment that is all question scores
+    exactly QUESTION_WEIGHT less than without the penalty, the statement the same."""
+    from services.recall import fusion
+    from tests.support import call, create_api_key, mcp_session
+
+    key, key_id = await create_api_key(stack.database_url)
+    ws, topic = unique(), unique()
+    async with mcp_session(stack.mcp_url, key) as s:
+        reply = await call(s, "batch_remember", {"workspace": ws, "fragments": [
+            {"content": "Sam: how did the watercolor class go?", "topic": topic, "type": "fact"},
+            {"content": "Evan: the watercolor class went well, a friend got me into it.", "topic": topic, "type": "fact"},
+        ]})
+    asks, answers = (r["id"] for r in reply["results"])
+    principal = Principal(key_id=key_id, visible_key_ids=(key_id,))
+
+    def scores() -> Awaitable[dict[str, float]]:
+        return _keyword_scores(conn, principal, FragmentFilter(workspace=ws, topic=topic), ["watercolor", "class"])
+
+    weight = fusion.QUESTION_WEIGHT
+    assert weight > 0
+    penalised = await scores()
+    monkeypatch.setattr(fusion, "QUESTION_WEIGHT", 0.0)
+    without = await scores()
+    assert set(penalised) == set(without) == {asks, answers}
+    assert without[asks] - penalised[asks] == pytest.approx(weight)
+    assert penalised[answers] == pytest.approx(without[answers])
 
 
 async def test_best_passage_enters_the_layered_search(
