@@ -22,7 +22,7 @@ run: $(STAMP)
 	$(BIN)/python -m services.stack run
 
 test: lint deploy-tools browser-tools prometheus-tools test-clients
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=30 tests
 
 # ruff (rules chosen in pyproject.toml) and mypy over services/ and shared/: zero findings.
 lint: $(STAMP)

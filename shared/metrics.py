@@ -112,6 +112,11 @@ class MeasuredEmbedder:
     def __init__(self, inner: Any) -> None:
         self._inner = inner
 
+    @property
+    def inner(self) -> Any:
+        """The backend's own embedder (its class says which backend runs)."""
+        return self._inner
+
     def embed(self, texts: list[str]) -> np.ndarray:
         started = time.perf_counter()
         try:

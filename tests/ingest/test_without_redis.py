@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from services.ingest import app as ingest_app
 from services.ingest.app import create_app
 from shared.domain.principal import Principal
 from shared.settings import IngestSettings, embedding_settings
@@ -24,7 +25,12 @@ async def ingest_without_redis(stack: Stack) -> AsyncIterator[httpx.AsyncClient]
     os.environ["EMBEDDING_CACHE_DIR"] = str(stack.model_cache)
     embedding_settings.cache_clear()
     settings = IngestSettings(DATABASE_URL=stack.database_url, REDIS_ENABLED=False, ENGRAM_SERVICE_TOKEN=TOKEN, ENGRAM_ENV="test")
-    app = create_app(settings)
+    # Not the process-wide tracer provider and instrumentation: in the test process they would make
+    # every later MCP client start traces of its own (the SDK propagates them in `_meta`), and the
+    # trace tests, which send their own traceparent, would see another trace id.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ingest_app, "configure_telemetry", lambda *args, **kwargs: None)
+        app = create_app(settings)
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://ingest") as client:
             yield client

@@ -73,7 +73,12 @@ async def test_unmatched_paths_and_unknown_tools_never_become_label_values(stack
         rotated = await call(s, "session_rotate", {"reason": f"because-{marker}"})
         assert rotated["ok"] is True
 
-    catalog = set(TOOLS_BY_NAME) | {"other"}
+    # Bounded: the MCP catalog, each service's own table of internal handlers (the REST
+    # surfaces' and the admin views' operations), and "other".
+    from services.ingest.api import tool_handlers as ingest_handlers
+    from services.recall.api import tool_handlers as recall_handlers
+
+    catalog = set(TOOLS_BY_NAME) | set(recall_handlers) | set(ingest_handlers) | {"other"}
     for service, url in service_urls(stack).items():
         samples = scrape(url)
         routes = label_values(samples, ("engram_http_requests_total", "engram_http_request_duration_seconds_count"), "route")
