@@ -5,12 +5,14 @@ embedding, links), then its mnemory row (shared.repositories.mnemory_memories) i
 
 from __future__ import annotations
 
+import functools
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import anyio
 import asyncpg
 from fastapi import Request
 
@@ -25,6 +27,7 @@ from shared.domain import fragment as frag
 from shared.domain import mnemory as model
 from shared.domain.principal import Principal
 from shared.jobs import JobBuffer
+from shared.llm import LLMClient, load_llm
 from shared.repositories import mnemory_memories as memories_repo
 from shared.repositories import mnemory_sessions as sessions_repo
 
@@ -92,10 +95,58 @@ async def add_one(res: WriteResources, jobs: JobBuffer, principal: Principal, ar
     return {"results": [{"id": result["id"], "memory": stored, "event": "ADD" if fresh else "NONE"}]}
 
 
+# infer=true's replies when the content is stored as given, or nothing is.
+STORED_AS_GIVEN_NO_LLM = "infer: no LLM is configured (LLM_BASE_URL, LLM_MODEL), so the content was stored as given"
+STORED_AS_GIVEN_LLM_FAILED = "infer: the LLM gave no usable answer, so the content was stored as given"
+NOTHING_EXTRACTED = "infer: the LLM found no fact worth remembering in the content, so nothing was stored (infer=false stores it as given)"
+
+
+@functools.cache
+def _extraction_llm() -> LLMClient:
+    return load_llm()
+
+
+async def add_inferred(res: WriteResources, jobs: JobBuffer, principal: Principal, args: _AddArgs) -> dict[str, Any]:
+    """infer=true: /api/remember's extraction (shared.domain.mnemory.llm_facts) over the content,
+    each fact stored with the caller's fields (its own memory_type when the caller set none).
+    Without an LLM, or without a usable answer, the content is stored as given and the reply's
+    message says so (the deterministic /api/remember path splits a conversation by speaker,
+    which would only rewrite a single stated memory)."""
+    llm = _extraction_llm()
+    if not llm.configured:
+        return _noted(await add_one(res, jobs, principal, args), STORED_AS_GIVEN_NO_LLM)
+    # Screened before it leaves for the LLM: a secret is refused or redacted first.
+    content = Screening(res.settings).args(args).content
+    request = {"messages": [{"role": args.role, "content": content}], "role": args.role, "caller_agent_id": args.caller_agent_id}
+    facts = await anyio.to_thread.run_sync(lambda: model.llm_facts(llm, request))
+    if facts is None:
+        return _noted(await add_one(res, jobs, principal, args), STORED_AS_GIVEN_LLM_FAILED)
+    if not facts:
+        return {"results": [], "message": NOTHING_EXTRACTED}
+    results: list[dict[str, Any]] = []
+    failures: list[str] = []
+    for fact in facts:
+        one = args.model_copy(update={
+            "content": fact.content[:frag.MAX_CONTENT_CHARS], "memory_type": args.memory_type or fact.memory_type, "infer": False,
+        })
+        reply = await add_one(res, jobs, principal, one)
+        if reply.get("error"):
+            failures.append(str(reply["message"]))
+        results.extend(reply["results"])
+    if failures and not results:
+        return {"results": [], "error": True, "message": "; ".join(failures)}
+    message = f"infer: {len(facts)} fact(s) extracted" + (f"; not stored: {'; '.join(failures)}" if failures else "")
+    return {"results": results, "message": message}
+
+
+def _noted(reply: dict[str, Any], message: str) -> dict[str, Any]:
+    return reply if reply.get("error") else {**reply, "message": message}
+
+
 async def add(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
     args = parse_arguments(_AddArgs, {**arguments, "memory_layer": "consolidated", "session_id": None, "idempotency_key": None})
     try:
-        reply = await add_one(res, jobs, ctx.principal, args)
+        reply = await (add_inferred if args.infer else add_one)(res, jobs, ctx.principal, args)
     except model.ModelError as exc:
         return failure(str(exc), 422)
     if reply.get("error"):
@@ -120,7 +171,7 @@ async def add_batch(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, argu
     for item in args.memories:
         one = _AddArgs.model_validate({**item.model_dump(), "caller_agent_id": args.caller_agent_id})
         try:
-            replies.append(await add_one(res, jobs, ctx.principal, one))
+            replies.append(await (add_inferred if one.infer else add_one)(res, jobs, ctx.principal, one))
         except model.ModelError as exc:
             replies.append({"results": [], "error": True, "message": str(exc)})
     return {"items": replies}, False

@@ -54,10 +54,12 @@ async def run_fsck(
         if claimed is None:
             return {"runId": run_id, "skipped": "run already finished"}
         scope = Tenant.parse(claimed["tenant"])
+        # /api/fsck's runs carry a selection in their params (raw excluded unless include_raw).
+        selection = fsck_repo.Selection.of_params(claimed["params"])
         await fsck_repo.clear_issues(conn, run_id)
-        rows = await fsck_repo.fragments_to_check(conn, scope, incremental=incremental, limit=FSCK_BATCH)
+        rows = await fsck_repo.fragments_to_check(conn, scope, incremental=incremental, limit=FSCK_BATCH, selection=selection)
     try:
-        return await _check(rt, run_id, scope, rows, incremental=incremental, auto_apply=auto_apply)
+        return await _check(rt, run_id, scope, rows, incremental=incremental, auto_apply=auto_apply, selection=selection)
     except BaseException as exc:
         # Task boundary: the row says why before Celery sees the error.
         async with pool.acquire() as conn:
@@ -66,7 +68,8 @@ async def run_fsck(
 
 
 async def _check(
-    rt: WorkerRuntime, run_id: int, scope: Tenant, rows: list[Any], *, incremental: bool, auto_apply: bool
+    rt: WorkerRuntime, run_id: int, scope: Tenant, rows: list[Any], *, incremental: bool, auto_apply: bool,
+    selection: fsck_repo.Selection | None = None,
 ) -> dict[str, Any]:
     pool = rt.pool
     budget = rt.llm.budget()
@@ -91,6 +94,9 @@ async def _check(
     async with pool.acquire() as conn:
         groups = await fsck_repo.groups_of(conn, list(by_id))
         members = await consolidation_repo.group_members(conn, groups)
+        if selection is not None:  # a scoped check compares only memories inside its scope
+            admitted = await fsck_repo.within_selection(conn, [m["id"] for m in members], selection)
+            members = [m for m in members if m["id"] in admitted]
     checked = set(by_id)
     # Compare the checked fragments with their groups (is_new marks "checked in this run").
     members = [{**dict(m), "is_new": m["id"] in checked} for m in members]

@@ -34,7 +34,7 @@ class AddMemoryRequest(_Args):
     categories: list[str] | None = Field(None, max_length=20, description="Category tags from predefined set")
     importance: str | None = Field(None, description="Importance: low, normal, high, critical")
     pinned: bool | None = Field(None, description="Pin to core memories (loaded at conversation start)")
-    infer: bool = Field(True, description="Accepted for compatibility: the content is stored as given (README)")
+    infer: bool = Field(True, description="Extract facts with the LLM when configured; else stored as given (README)")
     role: Literal["user", "assistant"] = Field("user", description="Who this memory is about: 'user' or 'assistant'")
     ttl_days: int | None = Field(None, ge=1, le=36_500, description="Time-to-live in days (None = no expiry)")
     event_date: str | None = Field(None, max_length=64, description="ISO 8601 datetime for when the event occurred")

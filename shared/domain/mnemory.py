@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from shared.llm import LLMClient
 
 # reference 004 (mnemory categories.py): the predefined categories; `<prefix>:<name>` for any
 # predefined prefix (project:myapp) is a dynamic subcategory.
@@ -151,3 +155,87 @@ def memory_item(row: Any, score: float | None = None) -> dict[str, Any]:
         "metadata": metadata,
         "has_artifacts": bool(row["has_artifacts"]),
     }
+
+
+# -- fact extraction: /api/remember's worker job and /api/memories with infer=true ------------
+
+# Facts one exchange yields at most.
+MAX_FACTS = 20
+# A sentence worth keeping: at least this long and this many words, not a question.
+MIN_FACT_CHARS = 10
+MIN_FACT_WORDS = 3
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+_PREFERENCE = re.compile(r"\b(i|we)\s+(really\s+)?(like|love|prefer|hate|dislike|enjoy|can't stand)\b|\bfavou?rite\b", re.IGNORECASE)
+_EXTRACT_SYSTEM = (
+    "Extract durable facts worth remembering from a conversation. Answer with a JSON array only; each item "
+    '{"content": one self-contained sentence, "role": "user" or "assistant" (whose fact it is), '
+    '"memory_type": "fact" | "preference" | "episodic" | "procedural"}. Skip questions and small talk.'
+)
+
+
+@dataclass(frozen=True)
+class Fact:
+    content: str
+    role: str
+    memory_type: str
+
+
+def speakers(request: dict[str, Any]) -> set[str]:
+    """Whose facts are kept: reference 004's role (null: everyone; assistant facts only with
+    an agent id, else silently dropped)."""
+    role = request.get("role")
+    if role == "user":
+        return {"user"}
+    if role == "assistant":
+        return {"assistant"}
+    return {"user", "assistant"} if request.get("caller_agent_id") else {"user"}
+
+
+def transcript(request: dict[str, Any]) -> str:
+    """User and assistant lines only: system and tool messages carry injected memories and
+    raw tool output, never new facts (reference 004)."""
+    return "\n".join(
+        f"{m['role'].capitalize()}: {m['content']}" for m in request["messages"]
+        if m.get("content") and m["role"] in ("user", "assistant")
+    )
+
+
+def extract_facts(request: dict[str, Any]) -> list[Fact]:
+    """Deterministic extraction: each statement (not a question) of a kept speaker, prefixed
+    with who said it ("User: I moved to Berlin."); "I like / prefer / hate ..." is a
+    preference, everything else a fact."""
+    keep = speakers(request)
+    facts: list[Fact] = []
+    for message in request["messages"]:
+        if message["role"] not in keep or not message.get("content"):
+            continue
+        for part in _SENTENCE_END.split(message["content"]):
+            sentence = part.strip()
+            if sentence.endswith("?") or len(sentence) < MIN_FACT_CHARS or len(sentence.split()) < MIN_FACT_WORDS:
+                continue
+            kind = "preference" if _PREFERENCE.search(sentence) else "fact"
+            facts.append(Fact(f"{message['role'].capitalize()}: {sentence}", message["role"], kind))
+    return list(dict.fromkeys(facts))[:MAX_FACTS]
+
+
+def llm_facts(llm: LLMClient, request: dict[str, Any]) -> list[Fact] | None:
+    """The LLM's facts (when one is configured), or None to take the deterministic path."""
+    if not llm.configured:
+        return None
+    prompt = transcript(request)
+    if request.get("context"):
+        prompt = f"Context: {request['context']}\n\n{prompt}"
+    answer = llm.complete(_EXTRACT_SYSTEM, prompt, llm.budget(), max_tokens=800)
+    if not answer:
+        return None
+    try:
+        items = json.loads(answer[answer.find("["): answer.rfind("]") + 1])
+    except ValueError:
+        return None
+    keep = speakers(request)
+    facts = [
+        Fact(str(i["content"]).strip(), i.get("role", "user"), i.get("memory_type", "fact"))
+        for i in items if isinstance(i, dict) and i.get("content") and i.get("role", "user") in keep
+        and i.get("memory_type", "fact") in ("fact", "preference", "episodic", "procedural")
+    ]
+    return facts[:MAX_FACTS]

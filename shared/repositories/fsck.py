@@ -7,6 +7,7 @@ directly; every action is re-checked against the issue's tenant before it touche
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -15,21 +16,80 @@ from shared.domain.fragment import content_hash
 from shared.domain.fsck import Issue
 from shared.domain.principal import SqlParams, same_tenant, scope_clause
 from shared.repositories import fragments as fragments_repo
+from shared.repositories import mnemory_memories as mnemory_repo
 from shared.repositories.maintenance import Tenant
 
 
-async def fragments_to_check(conn: asyncpg.Connection, tenant: Tenant, *, incremental: bool, limit: int) -> list[asyncpg.Record]:
+@dataclass(frozen=True)
+class Selection:
+    """/api/fsck's scope (reference 004): raw provisional memories only with include_raw,
+    and optionally one agent, one memory_type, any of some categories. A run without one
+    (admin API, MCP, beat's auto-fsck) checks every fragment of its tenant."""
+
+    agent_id: str | None = None
+    categories: tuple[str, ...] = ()
+    memory_type: str | None = None
+    include_raw: bool = False
+
+    @classmethod
+    def of_params(cls, params: Any) -> Selection | None:
+        """The selection a run's params carry; None when they name none (runs not started by /api/fsck)."""
+        if isinstance(params, str):
+            params = json.loads(params or "{}")
+        if not isinstance(params, dict) or "include_raw" not in params:
+            return None
+        return cls(
+            agent_id=params.get("agent_id") or None, categories=tuple(params.get("categories") or ()),
+            memory_type=params.get("memory_type") or None, include_raw=bool(params["include_raw"]),
+        )
+
+    def where(self, params: SqlParams) -> str:
+        """Clauses over `fragments f LEFT JOIN mnemory_memories m` (a fragment without an m row
+        is a consolidated memory without categories, as the REST reads say)."""
+        clauses = [] if self.include_raw else ["coalesce(m.memory_layer, 'consolidated') <> 'raw'"]
+        if self.agent_id:
+            clauses.append(f"f.agent_id = {params.add(self.agent_id)}")
+        if self.memory_type:
+            clauses.append(f"{mnemory_repo.MEMORY_TYPE_SQL} = {params.add(self.memory_type)}")
+        if self.categories:
+            # As the REST listing filters: a category and its subcategories (project -> project:x).
+            cats = params.add(list(self.categories))
+            clauses.append(
+                f"EXISTS (SELECT 1 FROM unnest(m.categories) c"
+                f" WHERE c = ANY({cats}::text[]) OR split_part(c, ':', 1) = ANY({cats}::text[]))"
+            )
+        return "".join(f" AND {c}" for c in clauses)
+
+
+async def fragments_to_check(
+    conn: asyncpg.Connection, tenant: Tenant, *, incremental: bool, limit: int, selection: Selection | None = None
+) -> list[asyncpg.Record]:
     params = SqlParams()
     scope = scope_clause(tenant.scope, params)
     changed = " AND (f.checked_at IS NULL OR f.updated_at > f.checked_at)" if incremental else ""
+    joined, selected = "", ""
+    if selection is not None:
+        joined, selected = " LEFT JOIN mnemory_memories m ON m.fragment_id = f.id", selection.where(params)
     return await conn.fetch(
         f"""
         SELECT f.id, f.key_id, f.content, f.topic, f.type, f.keywords, f.is_anchor, f.importance
-        FROM fragments f WHERE {scope} AND f.valid_to IS NULL{changed}
+        FROM fragments f{joined} WHERE {scope} AND f.valid_to IS NULL{changed}{selected}
         ORDER BY f.created_at LIMIT {params.add(limit)}
         """,
         *params.values,
     )
+
+
+async def within_selection(conn: asyncpg.Connection, ids: list[str], selection: Selection) -> set[str]:
+    """Those of the fragments the selection admits (duplicate partners outside it are left alone)."""
+    params = SqlParams()
+    any_of = params.add(ids)
+    rows = await conn.fetch(
+        f"""SELECT f.id FROM fragments f LEFT JOIN mnemory_memories m ON m.fragment_id = f.id
+            WHERE f.id = ANY({any_of}::text[]){selection.where(params)}""",
+        *params.values,
+    )
+    return {r["id"] for r in rows}
 
 
 async def clear_issues(conn: asyncpg.Connection, run_id: int) -> None:

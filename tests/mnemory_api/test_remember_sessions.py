@@ -5,7 +5,8 @@ loses nothing once a worker runs again; role sets the point of view; stored memo
 memory session (no echo on the next recall); REMEMBER_RATE_LIMIT; sessions list, get, delete
 (delete_memories) and consolidate; two keys never see each other's sessions. The stack has an
 LLM (a fake OpenAI-compatible server here): /api/memories/find searches the sub-queries it
-writes; it answers extraction prompts with no JSON, so remember takes its deterministic path."""
+writes; it answers extraction prompts with no JSON, so remember takes its deterministic path,
+except for a text carrying INFER_MARKER / NOTHING_MARKER (/api/memories with infer=true)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ from tests.support import Stack, create_api_key, new_stack_config, unique
 RATE_LIMIT = 6
 # What the fake LLM answers a find prompt: a query that matches the memory the test stores.
 LLM_QUERY = "favourite kind of tea"
+# An extraction prompt carrying one of these gets JSON facts / an empty JSON list.
+INFER_MARKER = "Kestrel"
+NOTHING_MARKER = "Hmm okay whatever then"
+INFER_FACTS = [{"content": "User's dog is named Kestrel", "role": "user", "memory_type": "fact"},
+               {"content": "User prefers hiking with the dog at dawn", "role": "user", "memory_type": "preference"}]
 
 
 class _FakeLlm(BaseHTTPRequestHandler):
@@ -36,9 +42,13 @@ class _FakeLlm(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-        system = body["messages"][0]["content"]
+        system, user = body["messages"][0]["content"], body["messages"][-1]["content"]
         _FakeLlm.prompts.append(system)
         answer = f"{LLM_QUERY}\nbeverages the user enjoys" if "search queries" in system else "Nothing to extract."
+        if system.startswith("Extract durable facts") and INFER_MARKER in user:
+            answer = "Here you go:\n" + json.dumps(INFER_FACTS)
+        elif system.startswith("Extract durable facts") and NOTHING_MARKER in user:
+            answer = "[]"
         reply = json.dumps({"choices": [{"message": {"role": "assistant", "content": answer}}]}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -210,3 +220,43 @@ async def test_sessions_list_get_delete_and_consolidate(own: Stack) -> None:
 async def _all_listed(c: httpx.AsyncClient, sessions: list[str]) -> bool:
     listed = (await c.get("/api/sessions", params={"limit": 200})).json()["sessions"]
     return {s["session_id"] for s in listed} >= set(sessions)
+
+
+async def test_add_with_infer_runs_the_extraction(own: Stack) -> None:
+    """reference 004: infer=true runs /api/remember's extraction synchronously (each fact an ADD,
+    the caller's fields on all of them); infer=false stores the text as given; an LLM answer
+    without JSON stores it as given and says so; an empty extraction stores nothing."""
+    key, _ = await create_api_key(own.database_url)
+    other, _ = await create_api_key(own.database_url)
+    third, _ = await create_api_key(own.database_url)
+    marker = unique("infer")
+    text = f"So yeah, my dog {INFER_MARKER} and I go hiking at dawn, I love that more than sleeping in."
+    async with api(own.gateway_url, key) as c, api(own.gateway_url, other) as o, api(own.gateway_url, third) as t:
+        reply = await c.post("/api/memories", json={"content": text, "categories": ["personal"], "labels": {"m": marker}})
+        assert reply.status_code == 200, reply.text
+        body = reply.json()
+        assert [(r["memory"], r["event"]) for r in body["results"]] == [(f["content"], "ADD") for f in INFER_FACTS]
+        assert body["error"] is False and body["message"] == "infer: 2 fact(s) extracted"
+        stored = (await c.post("/api/memories/by-ids", json={"ids": [r["id"] for r in body["results"]]})).json()["results"]
+        got = sorted((m["memory"], m["metadata"]["memory_type"], m["metadata"]["categories"], m["metadata"]["labels"]) for m in stored)
+        assert got == sorted((f["content"], f["memory_type"], ["personal"], {"m": marker}) for f in INFER_FACTS)
+        # The caller's memory_type wins over the LLM's (another key: the same facts are new there).
+        typed = (await t.post("/api/memories", json={"content": text, "memory_type": "episodic"})).json()
+        assert [r["event"] for r in typed["results"]] == ["ADD", "ADD"]
+        typed_stored = (await t.post("/api/memories/by-ids", json={"ids": [r["id"] for r in typed["results"]]})).json()["results"]
+        assert {m["metadata"]["memory_type"] for m in typed_stored} == {"episodic"}
+        # The other key sees none of the extracted memories.
+        assert (await o.post("/api/memories/by-ids", json={"ids": [r["id"] for r in body["results"]]})).json()["results"] == []
+
+        as_given = (await c.post("/api/memories", json={"content": text, "infer": False})).json()
+        assert [r["memory"] for r in as_given["results"]] == [text] and as_given["message"] is None
+
+        plain = "User keeps a spare key under the blue flower pot"
+        unusable = (await c.post("/api/memories", json={"content": plain, "memory_type": "fact"})).json()
+        assert [r["memory"] for r in unusable["results"]] == [plain]
+        assert unusable["message"] == "infer: the LLM gave no usable answer, so the content was stored as given"
+
+        nothing = (await c.post("/api/memories", json={"content": f"{NOTHING_MARKER} {marker}"})).json()
+        assert nothing["results"] == [] and nothing["error"] is False and "nothing was stored" in nothing["message"]
+        listed = (await c.get("/api/memories", params={"labels": json.dumps({"m": marker})})).json()["results"]
+        assert sorted(m["memory"] for m in listed) == sorted(f["content"] for f in INFER_FACTS)

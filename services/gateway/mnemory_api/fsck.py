@@ -73,13 +73,14 @@ async def start_fsck(request: Request, who: Writer, req: FsckRequest | None = No
         raise HTTPException(
             status_code=403, detail=f"Cannot run fsck for agent '{req.agent_id}' — session is bound to agent '{who.agent_id}'"
         )
+    # The worker applies the selection (shared.repositories.fsck.Selection).
     return await _start(request, who, "fsck", req.model_dump())
 
 
 @router.post("/auto-run")
 async def auto_run_fsck(request: Request, who: Writer) -> dict[str, Any]:
     """An auto-fsck run now for the caller: check, then apply fixes above the configured thresholds."""
-    return await _start(request, who, "auto_fsck", {"incremental": True})
+    return await _start(request, who, "auto_fsck", {"incremental": True, "include_raw": False})
 
 
 async def _own_run(request: Request, who: MnemoryCaller, check_id: int) -> Any:
