@@ -17,7 +17,7 @@ from schemathesis import GenerationMode
 from tests.gateway.conftest import Gateway
 
 # Streams that stay open by design: they answer, then never end.
-STREAMS = {("GET", "/sse"), ("GET", "/mcp")}
+STREAMS = {("GET", "/sse"), ("GET", "/mcp"), ("GET", "/api/v1/memory/events")}
 # JSON-RPC over /mcp and /message is tests/fuzz/test_jsonrpc_fuzz.py's.
 JSONRPC = {("POST", "/mcp"), ("POST", "/message")}
 EXAMPLES = {GenerationMode.POSITIVE: 15, GenerationMode.NEGATIVE: 15}

@@ -78,7 +78,7 @@ async def list_entries(
     sort: Literal["created", "updated"] | None = Query(None),
     order: Literal["asc", "desc"] | None = Query(None),
     limit: int | None = Query(None, ge=1, le=banks.PAGE_LIMIT_MAX, description="default 100; 0 and > 1000 are refused"),
-    offset: int | None = Query(None, ge=0),
+    offset: int | None = Query(None, ge=0, le=2**31 - 1),  # inside Postgres' bigint OFFSET
 ) -> Response:
     """No query parameter: a bare array in storage order. Any parameter: `{entries, total}`,
     total counted before limit and offset."""

@@ -62,7 +62,7 @@ class MoveEntriesRequest(_Request):
 
 class ConsolidationConfig(_Request):
     similarityThreshold: float | None = None
-    maxEntryAgeDays: int | None = Field(None, ge=0)
+    maxEntryAgeDays: int | None = Field(None, ge=0, le=1_000_000)  # a date arithmetic past this overflows
 
 
 class ConsolidateRequest(_Request):

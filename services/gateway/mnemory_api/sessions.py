@@ -11,6 +11,8 @@ from services.gateway.mnemory_api.auth import MnemoryCaller, reader, writer
 from services.gateway.mnemory_api.schemas import SessionDetail, SessionListResponse
 from shared.domain.fragment import MAX_ID_CHARS
 
+# Past any store's size and inside Postgres' bigint: a larger offset is a 422, not a 500.
+MAX_OFFSET = 2**31 - 1
 router = APIRouter(prefix="/api/sessions", tags=["sessions"])
 
 Reader = Annotated[MnemoryCaller, Depends(reader)]
@@ -21,7 +23,7 @@ SessionId = Annotated[str, Path(min_length=1, max_length=MAX_ID_CHARS)]
 @router.get("", response_model=SessionListResponse, response_model_exclude_none=True)
 async def list_sessions(
     request: Request, who: Reader,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,  # Postgres' OFFSET is a bigint
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     consolidation_state: Annotated[str | None, Query(max_length=32)] = None,
     q: Annotated[str | None, Query(max_length=1000, description="Case-insensitive substring of the summary or session ID")] = None,
