@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from services.stack.supervisor import free_port
-from tests.support import Stack, call, mcp_session, new_stack_config, running, unique
+from tests.support import Stack, call, create_api_key, mcp_session, new_stack_config, running, unique
 
 REASON_CODES = {"direct_keyword_match", "semantic_similarity", "graph_neighbor_1hop", "temporal_proximity",
                 "case_cohort_member", "recent_activity_ema"}
@@ -60,7 +60,10 @@ async def test_main_stack_has_no_explanations(mcp_url: str, master_key: str) -> 
 
 async def test_spreading_activation_from_context_text(flagged: Stack) -> None:
     ws = unique()
-    async with mcp_session(flagged.mcp_url, flagged.master_key) as s:
+    # A key of its own: the master key would also see every other test's global fragments in this
+    # shared database, and spreading activation may rightly prefer one of those.
+    key, _ = await create_api_key(flagged.database_url)
+    async with mcp_session(flagged.mcp_url, key) as s:
         near = await call(s, "remember", {"content": "The mobile app release is blocked on App Store review.", "topic": "mobile", "type": "fact", "workspace": ws})
         await call(s, "remember", {"content": "Lunch on Fridays is pizza.", "topic": "office", "type": "fact", "workspace": ws})
         found = await call(s, "recall", {"keywords": ["zzz-no-such-keyword"], "workspace": ws, "threshold": 0.99,
