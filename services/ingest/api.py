@@ -96,11 +96,16 @@ def _recording_write_position(handler: Handler) -> Handler:
 
     async def recorded(request: Request, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
         result = await handler(request, ctx, arguments)
-        res = request.app.state.resources
-        await record_write_position(res.pool, res.redis, ctx.principal)
+        if not result[1]:  # a refused call wrote nothing: no database and Redis round trip for it
+            res = request.app.state.resources
+            await record_write_position(res.pool, res.redis, ctx.principal)
         return result
 
     return recorded
 
 
-tool_handlers = {name: _recording_write_position(handler) for name, handler in tool_handlers.items()}
+# Reads served by ingest: nothing for a replica to catch up on.
+_READS = {"batch_status"}
+tool_handlers = {
+    name: handler if name in _READS else _recording_write_position(handler) for name, handler in tool_handlers.items()
+}
