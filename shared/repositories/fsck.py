@@ -51,13 +51,8 @@ class Selection:
             clauses.append(f"f.agent_id = {params.add(self.agent_id)}")
         if self.memory_type:
             clauses.append(f"{mnemory_repo.MEMORY_TYPE_SQL} = {params.add(self.memory_type)}")
-        if self.categories:
-            # As the REST listing filters: a category and its subcategories (project -> project:x).
-            cats = params.add(list(self.categories))
-            clauses.append(
-                f"EXISTS (SELECT 1 FROM unnest(m.categories) c"
-                f" WHERE c = ANY({cats}::text[]) OR split_part(c, ':', 1) = ANY({cats}::text[]))"
-            )
+        if self.categories:  # as the REST listing filters
+            clauses.append(mnemory_repo.category_clause(self.categories, params))
         return "".join(f" AND {c}" for c in clauses)
 
 

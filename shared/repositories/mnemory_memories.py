@@ -5,6 +5,7 @@ reference filters (memory_type, categories, role, labels, layer, dates, decay)."
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -50,6 +51,13 @@ class MemoryFilter:
     min_importance: str | None = None
 
 
+def category_clause(categories: Sequence[str], params: SqlParams) -> str:
+    """A memory (row `m`) in any of `categories` or their subcategories (project -> project:x):
+    the REST listing's filter, and fsck's selection (shared/repositories/fsck.py)."""
+    cats = params.add(list(categories))
+    return f"EXISTS (SELECT 1 FROM unnest(m.categories) c WHERE c = ANY({cats}::text[]) OR split_part(c, ':', 1) = ANY({cats}::text[]))"
+
+
 def _where(scope: TenantScope, flt: MemoryFilter, params: SqlParams) -> str:
     clauses = [scope_clause(scope, params), "f.valid_to IS NULL", "f.scope = 'permanent'"]
     if flt.agent_id:
@@ -57,11 +65,7 @@ def _where(scope: TenantScope, flt: MemoryFilter, params: SqlParams) -> str:
     if flt.memory_types:
         clauses.append(f"{MEMORY_TYPE_SQL} = ANY({params.add(list(flt.memory_types))}::text[])")
     if flt.categories:
-        # A category filter matches the category and its subcategories (project -> project:x).
-        cats = params.add(list(flt.categories))
-        clauses.append(
-            f"EXISTS (SELECT 1 FROM unnest(m.categories) c WHERE c = ANY({cats}::text[]) OR split_part(c, ':', 1) = ANY({cats}::text[]))"
-        )
+        clauses.append(category_clause(flt.categories, params))
     if flt.role:
         clauses.append(f"coalesce(m.role, 'user') = {params.add(flt.role)}")
     if flt.labels:
