@@ -235,7 +235,11 @@ def main(argv: list[str] | None = None) -> None:
     data_dir = Path(args.data_dir) if args.data_dir else Path(tempfile.mkdtemp(prefix="engram-growth-", dir="/tmp"))
     print(f"Engram growth bench: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}, data in {data_dir}", flush=True)
     try:
-        with Stack(private_stack_config(data_dir / "stack")) as stack:
+        config = private_stack_config(data_dir / "stack")
+        # A batch of 200 real turns can take longer than the gateway's default 30 s to ingest on
+        # a busy 2-core machine; the bench measures rates, not timeouts.
+        config.extra_env["UPSTREAM_TIMEOUT"] = "PT300S"
+        with Stack(config) as stack:
             asyncio.run(grow(stack, sizes, args.queries, args.embed_share, args.ingest_sample, args.seed))
             if args.serve:
                 Path(args.details).write_text(json.dumps(
