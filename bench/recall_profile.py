@@ -34,14 +34,15 @@ from shared.domain.principal import Principal
 from shared.domain.tokens import TokenCounter
 from shared.embeddings import load_embedder, model_dir
 from shared.repositories import fragments as fragments_repo
-from shared.repositories import recall_views, retrieval
+from shared.repositories import recall_views, retrieval, vector_search
 from shared.settings import RecallSettings
 
 WARMUP = 30
 SUITES: dict[str, Callable[..., Any]] = {"text": text_queries, "keyword": keyword_queries, "filtered": filtered_queries}
 STAGES = {
-    retrieval: ["query_terms", "document_frequencies", "bm25_candidates", "nearest", "graph_neighbours", "turn_neighbours",
+    retrieval: ["query_terms", "document_frequencies", "bm25_candidates", "graph_neighbours", "turn_neighbours",
                 "pool_rows", "content_terms", "term_counts"],
+    vector_search: ["nearest"],
     fragments_repo: ["fetch_by_ids"],
     recall_views: ["latest_seq", "still_fresh", "meta_facts", "links_of"],
     meta_mod: ["hints", "suggestion"],

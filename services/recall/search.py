@@ -17,7 +17,7 @@ from shared.domain.keywords import korean_morphemes
 from shared.domain.principal import Principal
 from shared.domain.search import FragmentFilter, RankedHit
 from shared.repositories import fragments as fragments_repo
-from shared.repositories import retrieval
+from shared.repositories import retrieval, vector_search
 
 # Candidates each layer contributes before fusion; pageSize is at most 50. Depth 50 and 100
 # scored the same on LoCoMo dev (0.735 / 0.739); 60 leaves room for a full page.
@@ -101,7 +101,7 @@ async def _semantic_on(
     vector = await req.vector if req.vector is not None else None
     if vector is None:
         return None, []
-    semantic = await retrieval.nearest(conn, principal, flt, vector, LAYER_DEPTH)
+    semantic = await vector_search.nearest(conn, principal, flt, vector, LAYER_DEPTH)
     if req.threshold is not None:
         semantic = [(fid, sim) for fid, sim in semantic if sim >= req.threshold]
     return vector, semantic

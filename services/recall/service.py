@@ -35,7 +35,7 @@ from shared.read_routing import on_primary, reading_replica
 from shared.recall_cache import current_generation
 from shared.repositories import events as events_repo
 from shared.repositories import fragments as fragments_repo
-from shared.repositories import recall_views, retrieval
+from shared.repositories import recall_views, retrieval, vector_search
 from shared.settings import RecallSettings
 
 logger = logging.getLogger(__name__)
@@ -344,7 +344,7 @@ async def _spread(
     """Spreading activation: fragments nearest the conversation context are activated and
     join the ranking just below the query's own hits."""
     vector = await res.embed_query(context_text)
-    near = await retrieval.nearest(conn, ctx.principal, flt, vector, SPREAD_TOP)
+    near = await vector_search.nearest(conn, ctx.principal, flt, vector, SPREAD_TOP)
     path.append(f"SA:{len(near)}")
     floor = min((h.score for h in hits), default=1.0)
     by_id = {h.id: h for h in hits}

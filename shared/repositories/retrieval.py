@@ -36,11 +36,6 @@ PRE_RANK = 300
 PRE_RANK_FILTERED = 2000
 
 
-# A filtered scope of at most this many rows is ranked exactly rather than through HNSW.
-# Deciding reads up to this many rows (embeddings included) first: at 100k, workspace + type
-# + minImportance scopes of 1-3k rows took nearest() 16 ms exact against 11 ms through HNSW's
-# filtered iterative scan, with the same hit@10 (0.49 / 0.52 on the bench's filtered suite).
-EXACT_SCOPE = 1000
 # Neighbouring turns are looked for among this many turns of the session each side of a hit.
 NEIGHBOUR_SCAN = 8
 
@@ -165,55 +160,6 @@ async def count_in_scope(conn: asyncpg.Connection, principal: Principal, flt: Fr
     params = SqlParams()
     where = " AND ".join(filter_clauses(principal, flt, params))
     return int(await conn.fetchval(f"SELECT count(*) FROM fragments f WHERE {where}", *params.values))
-
-
-async def nearest(
-    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, embedding: np.ndarray, limit: int
-) -> list[tuple[str, float]]:
-    """L3: the `limit` fragments closest to `embedding` that pass every filter, best first,
-    as (id, cosine similarity).
-
-    A scope an index can find (an API key's fragments, a workspace) with at most EXACT_SCOPE
-    rows is ranked exactly: walking the HNSW graph for the few rows that pass a selective
-    filter is slow (iterative scan) and approximate. Larger scopes use the HNSW index with
-    the filters inside the scan (hnsw.iterative_scan, set on the pool), so filtering never
-    empties the top k. One statement: the branch not taken is skipped by a one-time filter.
-    """
-    params = SqlParams()
-    vec = params.add(embedding)
-    where = " AND ".join(filter_clauses(principal, flt, params))
-    k = params.add(limit)
-    if principal.is_master and flt.workspace is None:
-        sql = f"""
-            WITH nearest AS MATERIALIZED (
-                SELECT f.id, f.embedding <=> {vec} AS distance FROM fragments f
-                WHERE f.embedding IS NOT NULL AND {where}
-                ORDER BY f.embedding <=> {vec} LIMIT {k}
-            )
-            SELECT id, distance FROM nearest ORDER BY distance
-        """
-    else:
-        cap = params.add(EXACT_SCOPE + 1)
-        sql = f"""
-            WITH scope AS MATERIALIZED (
-                SELECT f.id, f.embedding <=> {vec} AS distance FROM fragments f
-                WHERE f.embedding IS NOT NULL AND {where} LIMIT {cap}
-            ),
-            n AS (SELECT count(*) AS rows FROM scope),
-            exact AS (
-                SELECT s.id, s.distance FROM scope s
-                WHERE (SELECT rows FROM n) <= {EXACT_SCOPE}
-                ORDER BY s.distance LIMIT {k}
-            ),
-            graph AS MATERIALIZED (
-                SELECT f.id, f.embedding <=> {vec} AS distance FROM fragments f
-                WHERE (SELECT rows FROM n) > {EXACT_SCOPE} AND f.embedding IS NOT NULL AND {where}
-                ORDER BY f.embedding <=> {vec} LIMIT {k}
-            )
-            SELECT id, distance FROM exact UNION ALL SELECT id, distance FROM graph ORDER BY distance
-        """
-    rows = await conn.fetch(sql, *params.values)
-    return [(r["id"], 1.0 - float(r["distance"])) for r in rows]
 
 
 @dataclass

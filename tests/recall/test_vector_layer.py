@@ -1,6 +1,6 @@
-"""L3's two plans: a small filtered scope is ranked exactly, a large one through HNSW with the
-filters inside the scan. Both must return the same fragments in the same order, and only
-what the caller may read."""
+"""The retrieval layers' SQL against the real store: postings scoped to the workspace plus
+global, passages, and the fusion features the layered search reads (L3's two plans are
+tests/recall/test_filtered_vector.py)."""
 
 from __future__ import annotations
 
@@ -16,15 +16,7 @@ from shared.domain.principal import Principal
 from shared.domain.search import FragmentFilter
 from shared.embeddings import load_embedder
 from shared.repositories import retrieval
-from tests.support import Stack, facts_beside_another_tenant, unique
-
-TEXTS = [
-    "The nightly backup of the orders database runs at 02:00 UTC.",
-    "Backups of Postgres are copied to a second region every night.",
-    "The design review for the checkout page is on Thursday.",
-    "Redis evictions spiked after the cache TTL was lowered.",
-    "Restore drills from last night's database backup take forty minutes.",
-]
+from tests.support import Stack, unique
 
 
 @pytest.fixture
@@ -34,29 +26,6 @@ async def conn(stack: Stack):  # type: ignore[no-untyped-def]
     await c.execute("SET hnsw.iterative_scan = relaxed_order")
     yield c
     await c.close()
-
-
-async def test_exact_and_graph_plans_agree_and_stay_in_scope(
-    stack: Stack, conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    ws = unique()
-    key_id, mine, theirs = await facts_beside_another_tenant(stack.mcp_url, stack.database_url, ws, TEXTS)
-
-    principal = Principal(key_id=key_id, visible_key_ids=(key_id,))
-    query = load_embedder().embed(["when is the database backed up?"])[0]
-    # facts only: closing the sessions writes an AutoReflect episode into the workspace too
-    flt = FragmentFilter(workspace=ws, types=("fact",))
-    exact = await retrieval.nearest(conn, principal, flt, query, 4)
-    monkeypatch.setattr(retrieval, "EXACT_SCOPE", 0)  # every scope takes the HNSW plan
-    graph = await retrieval.nearest(conn, principal, flt, query, 4)
-
-    assert [i for i, _ in exact] == [i for i, _ in graph]
-    assert [round(sim, 5) for _, sim in exact] == [round(sim, 5) for _, sim in graph]
-    assert theirs not in {i for i, _ in exact}
-    assert {i for i, _ in exact} <= set(mine)
-    assert exact[0][0] in (mine[0], mine[1], mine[4])
-    sims = [sim for _, sim in exact]
-    assert sims == sorted(sims, reverse=True)
 
 
 async def test_lexical_layer_scopes_postings_to_the_workspace_plus_global(stack: Stack, conn: asyncpg.Connection) -> None:

@@ -1,0 +1,234 @@
+"""L3's two plans (shared.repositories.vector_search): a filtered scope small next to the table
+is ranked exactly, a broad one walks HNSW with the filters inside the scan. Which one runs is
+read off EXPLAIN ANALYZE of the statement nearest() sends (the plan not taken is never
+executed); both return only what the caller may read."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from typing import Any
+
+import asyncpg
+import numpy as np
+import pytest
+from pgvector.asyncpg import register_vector
+
+from shared.db import SEARCH_PATH
+from shared.domain.fragment import NewFragment
+from shared.domain.principal import Principal
+from shared.domain.search import FragmentFilter
+from shared.embeddings import load_embedder
+from shared.repositories import fragments as fragments_repo
+from shared.repositories import vector_search
+from tests.support import Stack, create_api_key, facts_beside_another_tenant, unique
+
+DIM = 384
+
+
+@pytest.fixture
+async def conn(stack: Stack):  # type: ignore[no-untyped-def]
+    c = await asyncpg.connect(stack.database_url, server_settings={"search_path": SEARCH_PATH})
+    await register_vector(c)
+    await c.execute("SET hnsw.iterative_scan = relaxed_order; SET hnsw.ef_search = 80")
+    yield c
+    await c.close()
+
+
+async def _broad(conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch, floor: int = 0, weight: float = 0.0) -> None:
+    """Scopes past `floor` rows (and past sqrt(weight * k * table rows)) count as broad. A test
+    table is so small that the planner would rank even the HNSW branch by a sort of the scope's
+    rows; without sorts it takes the index order, which is what a large table gets anyway."""
+    monkeypatch.setattr(vector_search, "EXACT_SCOPE_FLOOR", floor)
+    monkeypatch.setattr(vector_search, "EXACT_WEIGHT", weight)
+    await conn.execute("SET enable_sort = off")
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    return (v / np.linalg.norm(v)).astype(np.float32)
+
+
+async def _store(
+    conn: asyncpg.Connection, key_id: str, workspace: str | None, rows: list[tuple[str, float, np.ndarray]]
+) -> list[str]:
+    """Fragments straight through the repository's insert: (type, importance, vector) each."""
+    fragments = []
+    for kind, importance, vector in rows:
+        fid = f"frag-{uuid.uuid4().hex[:16]}"
+        content = f"synthetic {fid}"
+        fragments.append(NewFragment(
+            id=fid, content=content, topic="vectors", type=kind, keywords=[], importance=importance,
+            content_hash=hashlib.sha256(content.encode()).hexdigest(), embedding=vector,
+            key_id=key_id, workspace=workspace, workspace_source="explicit" if workspace else "unscoped",
+        ))
+    await fragments_repo.insert_many(conn, fragments)
+    return [f.id for f in fragments]
+
+
+async def _executed(conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, query: np.ndarray, k: int) -> set[str]:
+    """Which plan ran: 'exact' when the scope's rows were read and ranked, 'hnsw' when the
+    HNSW index was scanned (EXPLAIN ANALYZE: a node never executed has no loops)."""
+    sql, values = vector_search.nearest_statement(principal, flt, query, k)
+    plan = (await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", *values))
+    ran: set[str] = set()
+
+    def walk(node: dict[str, Any], cte: str | None) -> None:
+        name = node.get("Subplan Name", "")
+        cte = name.removeprefix("CTE ") if name.startswith("CTE ") else cte
+        if node.get("Actual Loops", 0) > 0:
+            if node.get("Index Name") == "fragments_embedding_hnsw":
+                ran.add("hnsw")
+            if cte == "scope" and node.get("Relation Name") == "fragments":
+                ran.add("exact")
+        for child in node.get("Plans", []):
+            walk(child, cte)
+
+    walk(json.loads(plan)[0]["Plan"], None)
+    return ran
+
+
+class Tenants:
+    """Two tenants in one workspace: the caller's rows and another key's rows right beside them."""
+
+    def __init__(self, conn: asyncpg.Connection, mine: str, theirs: str, ws: str) -> None:
+        self.conn, self.mine, self.theirs, self.ws = conn, mine, theirs, ws
+        self.principal = Principal(key_id=mine, visible_key_ids=(mine,))
+
+
+@pytest.fixture
+async def tenants(stack: Stack, conn: asyncpg.Connection) -> Tenants:
+    _, mine = await create_api_key(stack.database_url)
+    _, theirs = await create_api_key(stack.database_url)
+    return Tenants(conn, mine, theirs, unique())
+
+
+async def _scene(t: Tenants, seed: int) -> tuple[np.ndarray, dict[str, tuple[str, float, np.ndarray]], list[str]]:
+    """12 facts and 4 decisions of the caller in the workspace, 3 of its global facts, and the
+    other tenant's copies of the query vector in the workspace and globally (what isolation
+    must keep out). Returns (query, the caller's rows by id, the other tenant's ids)."""
+    rng = np.random.default_rng(seed)
+    query = _unit(rng.normal(size=DIM))
+    near = [_unit(query + rng.normal(scale=s, size=DIM)) for s in np.linspace(0.02, 0.12, 19)]
+    rng.shuffle(near)  # type: ignore[arg-type]
+    facts = [("fact", round(0.3 + 0.05 * i, 2), near[i]) for i in range(12)]
+    decisions = [("decision", 0.9, near[12 + i]) for i in range(4)]
+    global_facts = [("fact", 0.8, near[16 + i]) for i in range(3)]
+    rows: dict[str, tuple[str, float, np.ndarray]] = {}
+    for ws, batch in ((t.ws, facts + decisions), (None, global_facts)):
+        rows.update(zip(await _store(t.conn, t.mine, ws, batch), batch, strict=True))
+    foreign = await _store(t.conn, t.theirs, t.ws, [("fact", 0.9, query)])
+    foreign += await _store(t.conn, t.theirs, None, [("fact", 0.9, query)])
+    return query, rows, foreign
+
+
+def _brute_force(
+    query: np.ndarray, rows: dict[str, tuple[str, float, np.ndarray]], kind: str, floor: float, k: int
+) -> list[tuple[str, float]]:
+    scored = [(fid, float(np.dot(query, v))) for fid, (t, imp, v) in rows.items() if t == kind and imp >= floor]
+    return sorted(scored, key=lambda x: -x[1])[:k]
+
+
+async def test_a_selective_scope_is_ranked_exactly(tenants: Tenants) -> None:
+    query, rows, foreign = await _scene(tenants, seed=1)
+    flt = FragmentFilter(workspace=tenants.ws, types=("fact",), min_importance=0.5)
+    got = await vector_search.nearest(tenants.conn, tenants.principal, flt, query, 5)
+
+    assert await _executed(tenants.conn, tenants.principal, flt, query, 5) == {"exact"}
+    want = _brute_force(query, rows, "fact", 0.5, 5)  # the workspace's facts >= 0.5 and the global ones
+    assert [i for i, _ in got] == [i for i, _ in want]
+    assert [round(s, 4) for _, s in got] == [round(s, 4) for _, s in want]
+    assert not set(foreign) & {i for i, _ in got}
+
+
+async def test_a_broad_scope_walks_the_index_and_still_fills_k(tenants: Tenants, monkeypatch: pytest.MonkeyPatch) -> None:
+    query, rows, foreign = await _scene(tenants, seed=2)
+    await _broad(tenants.conn, monkeypatch)
+    flt = FragmentFilter(workspace=tenants.ws, types=("fact",), min_importance=0.4)
+    got = await vector_search.nearest(tenants.conn, tenants.principal, flt, query, 8)
+
+    assert await _executed(tenants.conn, tenants.principal, flt, query, 8) == {"hnsw"}
+    want = _brute_force(query, rows, "fact", 0.4, 8)
+    assert len(got) == 8  # the filters inside the scan: selective or not, k rows come back
+    assert {i for i, _ in got} <= {i for i, (t, imp, _) in rows.items() if t == "fact" and imp >= 0.4}
+    assert got[0][0] == want[0][0]
+    assert len({i for i, _ in got} & {i for i, _ in want}) >= 7  # approximate, on 19 well-spread rows
+    sims = [s for _, s in got]
+    assert sims == sorted(sims, reverse=True)
+    assert not set(foreign) & {i for i, _ in got}
+
+
+async def test_the_scope_is_counted_per_tenant_with_its_global_rows(tenants: Tenants, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan turns on the scope's size: the caller's 12 workspace facts plus its 3 global
+    ones are 15 rows (the other tenant's rows beside them count for nothing), so 15 is still
+    ranked exactly and 14 is not."""
+    query, rows, foreign = await _scene(tenants, seed=3)
+    flt = FragmentFilter(workspace=tenants.ws, types=("fact",))
+    await _broad(tenants.conn, monkeypatch, floor=15)
+    assert await _executed(tenants.conn, tenants.principal, flt, query, 4) == {"exact"}
+    exact = await vector_search.nearest(tenants.conn, tenants.principal, flt, query, 4)
+    monkeypatch.setattr(vector_search, "EXACT_SCOPE_FLOOR", 14)
+    assert await _executed(tenants.conn, tenants.principal, flt, query, 4) == {"hnsw"}
+    graph = await vector_search.nearest(tenants.conn, tenants.principal, flt, query, 4)
+
+    assert [i for i, _ in exact] == [i for i, _ in _brute_force(query, rows, "fact", 0.0, 4)]
+    assert [i for i, _ in graph] == [i for i, _ in exact]
+    assert not set(foreign) & {i for i, _ in exact + graph}
+
+
+async def test_the_exact_share_grows_with_the_table(tenants: Tenants, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a floor, a scope is ranked exactly while its size squared stays within
+    EXACT_WEIGHT * k * the table's rows (pg_class): the same 15-row scope is exact against
+    a weight that allows it and walks HNSW against one that does not."""
+    query, _, _ = await _scene(tenants, seed=4)
+    await tenants.conn.execute("ANALYZE fragments")
+    table = max(await tenants.conn.fetchval("SELECT reltuples FROM pg_class WHERE oid = 'fragments'::regclass"), 1.0)
+    flt = FragmentFilter(workspace=tenants.ws, types=("fact",))
+    await _broad(tenants.conn, monkeypatch, weight=16.0**2 / (4 * table))  # cap sqrt(w * 4 * N) = 16
+    assert await _executed(tenants.conn, tenants.principal, flt, query, 4) == {"exact"}
+    monkeypatch.setattr(vector_search, "EXACT_WEIGHT", 13.0**2 / (4 * table))  # cap 13
+    assert await _executed(tenants.conn, tenants.principal, flt, query, 4) == {"hnsw"}
+
+
+async def test_superseded_rows_stay_out_of_both_plans(tenants: Tenants, monkeypatch: pytest.MonkeyPatch) -> None:
+    query, rows, _ = await _scene(tenants, seed=5)
+    flt = FragmentFilter(workspace=tenants.ws, types=("fact",))
+    best = _brute_force(query, rows, "fact", 0.0, 1)[0][0]
+    await tenants.conn.execute("UPDATE fragments SET valid_to = now() WHERE id = $1", best)
+    exact = await vector_search.nearest(tenants.conn, tenants.principal, flt, query, 3)
+    await _broad(tenants.conn, monkeypatch)
+    graph = await vector_search.nearest(tenants.conn, tenants.principal, flt, query, 3)
+    assert best not in {i for i, _ in exact + graph}
+    assert len(exact) == len(graph) == 3
+
+
+async def test_exact_and_graph_plans_agree_and_stay_in_scope(
+    stack: Stack, conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same through the write path with the model's embeddings: what a tenant stored over
+    MCP, ranked by both plans, in the same order, without the other tenant's copy."""
+    texts = [
+        "The nightly backup of the orders database runs at 02:00 UTC.",
+        "Backups of Postgres are copied to a second region every night.",
+        "The design review for the checkout page is on Thursday.",
+        "Redis evictions spiked after the cache TTL was lowered.",
+        "Restore drills from last night's database backup take forty minutes.",
+    ]
+    ws = unique()
+    key_id, mine, theirs = await facts_beside_another_tenant(stack.mcp_url, stack.database_url, ws, texts)
+
+    principal = Principal(key_id=key_id, visible_key_ids=(key_id,))
+    query = load_embedder().embed(["when is the database backed up?"])[0]
+    # facts only: closing the sessions writes an AutoReflect episode into the workspace too
+    flt = FragmentFilter(workspace=ws, types=("fact",))
+    exact = await vector_search.nearest(conn, principal, flt, query, 4)
+    await _broad(conn, monkeypatch)
+    graph = await vector_search.nearest(conn, principal, flt, query, 4)
+
+    assert [i for i, _ in exact] == [i for i, _ in graph]
+    assert [round(sim, 5) for _, sim in exact] == [round(sim, 5) for _, sim in graph]
+    assert theirs not in {i for i, _ in exact}
+    assert {i for i, _ in exact} <= set(mine)
+    assert exact[0][0] in (mine[0], mine[1], mine[4])
+    sims = [sim for _, sim in exact]
+    assert sims == sorted(sims, reverse=True)
