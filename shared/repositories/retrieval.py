@@ -34,6 +34,15 @@ MATCH_BUDGET = 2000
 # may reject many).
 PRE_RANK = 300
 PRE_RANK_FILTERED = 2000
+# A lone candidate term with more rows than MATCH_BUDGET is read in impact order
+# (fragment_terms_impact, migration 0023): one read per tf value below this, shortest
+# fragments first, each stopped after the pre-rank it could fill; rows with a larger tf
+# (rare: long fragments repeating the word) are one more read. The exact BM25 top of the
+# term, at a cost set by the pre-rank instead of the posting list's length.
+IMPACT_TF_STREAMS = 8
+# The average fragment length of that path comes from this many of the term's postings
+# (the whole list is what it no longer reads).
+AVGDL_SAMPLE = 500
 
 
 # Neighbouring turns are looked for among this many turns of the session each side of a hit.
@@ -108,6 +117,39 @@ def _quoted(term: str) -> str:
     return "'" + term.replace("\\", "").replace("'", "''") + "'"
 
 
+def _impact_postings(scope: str, term: str, idf: str, pre_rank: str) -> tuple[str, str]:
+    """One term's best `pre_rank` postings in scope without reading its whole list, and the
+    average fragment length from a sample of it (SQL of the `p` and `d` CTEs).
+
+    BM25's weight of a term grows with tf and falls with dl, so among postings of one tf the
+    shortest fragments are the best whatever the average length: the term's top `pre_rank`
+    is among the first `pre_rank` of each tf's run of fragment_terms_impact (term, tf, dl, ...),
+    read in index order (the tenant / workspace / type conditions are index conditions). The
+    rare tf above IMPACT_TF_STREAMS are one more read, ordered by dl per occurrence. The sample
+    follows fragment_terms_lookup's order (tenant, workspace, type, then insertion), not the
+    impact index's, whose first rows are the shortest fragments."""
+    postings = f"""
+        SELECT s.fragment_id, s.tf::float8 AS tf, s.dl::float8 AS dl, {idf}::float8 AS idf
+        FROM generate_series(1, {IMPACT_TF_STREAMS}) AS v(tf)
+        CROSS JOIN LATERAL (
+            SELECT t.fragment_id, t.tf, t.dl FROM fragment_terms t
+            WHERE t.term = {term} AND t.tf = v.tf AND {scope}
+            ORDER BY t.dl LIMIT {pre_rank}
+        ) s
+        UNION ALL
+        (SELECT t.fragment_id, t.tf::float8, t.dl::float8, {idf}::float8 FROM fragment_terms t
+         WHERE t.term = {term} AND t.tf > {IMPACT_TF_STREAMS} AND {scope}
+         ORDER BY t.dl::float8 / t.tf LIMIT {pre_rank})
+    """
+    avgdl = f"""
+        SELECT greatest(coalesce(avg(x.dl), 1), 1)::float8 AS avgdl FROM (
+            SELECT t.dl FROM fragment_terms t WHERE t.term = {term} AND {scope}
+            ORDER BY t.key_id, t.workspace, t.type LIMIT {AVGDL_SAMPLE}
+        ) x
+    """
+    return postings, avgdl
+
+
 async def bm25_candidates(
     conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, stats: TermStats, dfs: dict[str, int], limit: int
 ) -> tuple[list[tuple[str, float]], float]:
@@ -131,20 +173,25 @@ async def bm25_candidates(
     params = SqlParams()
     scope = _postings_scope(principal, flt, params)
     where = " AND ".join(filter_clauses(principal, flt, params))
-    terms = params.add(matching)
-    idfs = params.add([stats.idf[t] for t in matching])
-    pre_rank = PRE_RANK if not flt.narrows_beyond_postings() else PRE_RANK_FILTERED
-    sql = f"""
-        WITH q AS (SELECT * FROM unnest({terms}::text[], {idfs}::float8[]) AS q(term, idf)),
-        p AS MATERIALIZED (
+    pre_rank = params.add(PRE_RANK if not flt.narrows_beyond_postings() else PRE_RANK_FILTERED)
+    if len(matching) == 1 and dfs[matching[0]] > MATCH_BUDGET:
+        postings, avgdl_sql = _impact_postings(scope, params.add(matching[0]), params.add(stats.idf[matching[0]]), pre_rank)
+    else:
+        terms = params.add(matching)
+        idfs = params.add([stats.idf[t] for t in matching])
+        postings = f"""
             SELECT t.fragment_id, t.tf::float8 AS tf, t.dl::float8 AS dl, q.idf
-            FROM q JOIN fragment_terms t ON t.term = q.term WHERE {scope}
-        ),
-        d AS (SELECT greatest(avg(p.dl), 1)::float8 AS avgdl FROM p),
+            FROM unnest({terms}::text[], {idfs}::float8[]) AS q(term, idf)
+            JOIN fragment_terms t ON t.term = q.term WHERE {scope}
+        """
+        avgdl_sql = "SELECT greatest(avg(p.dl), 1)::float8 AS avgdl FROM p"
+    sql = f"""
+        WITH p AS MATERIALIZED ({postings}),
+        d AS ({avgdl_sql}),
         h AS (
             SELECT p.fragment_id, sum(p.idf * (p.tf * {BM25_K1 + 1}) /
                    (p.tf + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * p.dl / d.avgdl))) AS score
-            FROM p CROSS JOIN d GROUP BY p.fragment_id ORDER BY score DESC LIMIT {params.add(pre_rank)}
+            FROM p CROSS JOIN d GROUP BY p.fragment_id ORDER BY score DESC LIMIT {pre_rank}
         )
         SELECT h.fragment_id AS id, h.score, (SELECT avgdl FROM d) AS avgdl
         FROM h JOIN fragments f ON f.id = h.fragment_id
