@@ -390,14 +390,14 @@ async def store_backfilled_passages(conn: asyncpg.Connection, items: list[tuple[
         stored = await conn.fetch(
             """
             WITH live AS (
-                SELECT f.id FROM fragments f
+                SELECT f.id, f.key_id FROM fragments f
                 JOIN unnest($1::text[], $2::text[]) AS u (id, content) ON f.id = u.id AND f.content = u.content
                 WHERE NOT EXISTS (SELECT 1 FROM fragment_passages p WHERE p.fragment_id = f.id)
                 FOR SHARE OF f
             )
-            INSERT INTO fragment_passages (fragment_id, ordinal, embedding)
-            SELECT v.id, v.ordinal, v.embedding FROM unnest($3::text[], $4::smallint[], $5::vector[]) AS v (id, ordinal, embedding)
-            WHERE v.id IN (SELECT id FROM live)
+            INSERT INTO fragment_passages (fragment_id, key_id, ordinal, embedding)
+            SELECT v.id, live.key_id, v.ordinal, v.embedding
+            FROM unnest($3::text[], $4::smallint[], $5::vector[]) AS v (id, ordinal, embedding) JOIN live ON live.id = v.id
             ON CONFLICT DO NOTHING
             RETURNING fragment_id
             """,

@@ -128,16 +128,17 @@ async def _insert_passages(conn: asyncpg.Connection, items: list[tuple[str, Any]
     ids, ordinals, vectors = passage_columns(items)
     if ids:
         await conn.execute(
-            "INSERT INTO fragment_passages (fragment_id, ordinal, embedding) "
-            "SELECT * FROM unnest($1::text[], $2::smallint[], $3::vector[])",
+            "INSERT INTO fragment_passages (fragment_id, key_id, ordinal, embedding) "
+            "SELECT u.id, f.key_id, u.ordinal, u.embedding FROM unnest($1::text[], $2::smallint[], $3::vector[]) "
+            "AS u (id, ordinal, embedding) LEFT JOIN fragments f ON f.id = u.id",
             ids, ordinals, vectors,
         )
 
 
 async def copy_passages(conn: asyncpg.Connection, source_id: str, target_id: str) -> None:
     await conn.execute(
-        "INSERT INTO fragment_passages (fragment_id, ordinal, embedding) "
-        "SELECT $2, ordinal, embedding FROM fragment_passages WHERE fragment_id = $1",
+        "INSERT INTO fragment_passages (fragment_id, key_id, ordinal, embedding) "
+        "SELECT $2, (SELECT key_id FROM fragments WHERE id = $2), ordinal, embedding FROM fragment_passages WHERE fragment_id = $1",
         source_id, target_id,
     )
 

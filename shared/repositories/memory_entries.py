@@ -81,8 +81,9 @@ async def insert_entries(
     ids, ordinals, vectors = passage_columns([(f.id, f.passage_embeddings) for f in fragments])
     if ids:
         await conn.execute(
-            "INSERT INTO fragment_passages (fragment_id, ordinal, embedding) "
-            "SELECT * FROM unnest($1::text[], $2::smallint[], $3::vector[])",
+            "INSERT INTO fragment_passages (fragment_id, key_id, ordinal, embedding) "
+            "SELECT u.id, f.key_id, u.ordinal, u.embedding FROM unnest($1::text[], $2::smallint[], $3::vector[]) "
+            "AS u (id, ordinal, embedding) LEFT JOIN fragments f ON f.id = u.id",
             ids, ordinals, vectors,
         )
 

@@ -169,8 +169,9 @@ async def upsert_meta(
     )
     await conn.execute(
         f"""
-        INSERT INTO mnemory_memories (fragment_id, memory_type, categories, role, memory_layer, labels, event_date, expires_at, session_id)
-        VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9)
+        INSERT INTO mnemory_memories
+            (fragment_id, key_id, memory_type, categories, role, memory_layer, labels, event_date, expires_at, session_id)
+        VALUES ($1, (SELECT key_id FROM fragments WHERE id = $1), $2, $3, $4, $5, $6::jsonb, $7, $8, $9)
         ON CONFLICT (fragment_id) {conflict}
         """,
         fragment_id, memory_type, categories, role, memory_layer, json.dumps(labels), event_date, expires_at, session_id,

@@ -53,8 +53,8 @@ async def record_version(conn: asyncpg.Connection, row: asyncpg.Record, changed_
     return int(
         await conn.fetchval(
             """
-            INSERT INTO fragment_versions (fragment_id, version, content, topic, type, keywords, importance, snapshot, changed_by)
-            SELECT $1, coalesce(max(version), 0) + 1, $2, $3, $4, $5, $6, $7::jsonb, $8
+            INSERT INTO fragment_versions (fragment_id, key_id, version, content, topic, type, keywords, importance, snapshot, changed_by)
+            SELECT $1, (SELECT key_id FROM fragments WHERE id = $1), coalesce(max(version), 0) + 1, $2, $3, $4, $5, $6, $7::jsonb, $8
             FROM fragment_versions WHERE fragment_id = $1
             RETURNING version
             """,
