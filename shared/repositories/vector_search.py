@@ -24,6 +24,8 @@ from shared.repositories.fragments import filter_clauses
 EXACT_SCOPE_FLOOR = 1000
 # How many scope rows an exact ranking may read per tuple the iterative scan would visit
 # (k * N / s): an HNSW tuple costs a graph step plus the same heap row, so more than one.
+# Both plans forced on each query of the bench's filtered suite at 100k rows (k = 60) cross
+# near 5k rows, 5000^2 ~ 4 * 60 * 100k (bench/README.md "Filtered recall at 1M").
 EXACT_WEIGHT = 4.0
 
 
