@@ -2,11 +2,21 @@
 
     python -m bench.ingest_bench [--url URL --key KEY] [--remember 200] [--batch-fragments 4000] [--clients 2,4]
                                  [--async-fragments 2000]
+    python -m bench.ingest_bench --locomo [--data locomo-dev.json] [--batch-fragments 3200] [--clients 4]
 
 Embeddings are computed synchronously by the ingest service on every write, so these
 numbers include the embedding model. The first table is the model alone, in this process,
 on the same corpus (EMBEDDING_BACKEND chooses it, as it does for the services): the ceiling
 that the write path's throughput is measured against.
+
+--locomo stores real conversation turns instead: the LoCoMo dev conversations' turns
+(bench.locomo, `[date] Speaker: text`, as `make eval` stores them: type episode, the
+workspace as topic), copied under fresh workspaces until --batch-fragments, so a turn of three
+or more sentences also embeds its passages (shared.domain.passages). It prints the texts the
+model embeds per fragment, the model's own texts/s on exactly those texts (this process, the
+same lanes and 200-fragment batches as the ingest service, measured alone before and after
+the load) and what fraction of the model's rate the whole write path reaches, and remember
+p50 / p95 of single turns.
 """
 
 from __future__ import annotations
@@ -14,12 +24,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from pathlib import Path
 
-from bench.corpus import generate
+from bench import locomo
+from bench.corpus import Memory, generate
+from bench.eval_locomo import DEV_DATA
 from bench.harness import (
-    LATENCY_HEADER, Target, add_target_arguments, call, latency_row, mcp_session, print_table, target_from, timed_call,
+    LATENCY_HEADER,
+    Target,
+    add_target_arguments,
+    call,
+    latency_row,
+    mcp_session,
+    print_table,
+    target_from,
+    timed_call,
 )
 from bench.loading import BATCH, load, run_namespace, scoped
+from shared.domain import passages as passages_module
 from shared.embeddings.model import available_cores
 
 WARMUP = 10
@@ -121,6 +143,107 @@ async def run(target: Target, remember_count: int, batch_fragments: int, client_
         )
 
 
+def locomo_memories(data: Path, count: int, label: str) -> list[Memory]:
+    """`count` LoCoMo turns as batch_remember items: each conversation's turns in order,
+    copied under a fresh workspace (named by `label` and the copy) until there are enough."""
+    samples = locomo.load(data)
+    out: list[Memory] = []
+    copy = 0
+    while len(out) < count:
+        for sample in samples:
+            workspace = f"locomo-{label}{copy}-{sample['sample_id']}"
+            for turn in locomo.turns_of(sample):
+                fragment = {"content": turn.content, "topic": workspace, "type": "episode", "workspace": workspace}
+                out.append(Memory(fragment=fragment, question="", slots={}))
+        copy += 1
+    return out[:count]
+
+
+def items_of(memories: list[Memory], namespace: str = "") -> list[list[tuple[str | None, str]]]:
+    """The (topic, content) pairs the ingest service embeds, per 200-item batch; the topic is
+    the workspace as `scoped` names it under `namespace`."""
+    return [
+        [(f"{namespace}-{m.fragment['topic']}" if namespace else m.fragment["topic"], m.fragment["content"])
+         for m in memories[start:start + BATCH]]
+        for start in range(0, len(memories), BATCH)
+    ]
+
+
+def texts_per_fragment(batches: list[list[tuple[str | None, str]]]) -> float:
+    """Texts the model runs per fragment: with passages pooled into the fragment's embedding
+    (shared.domain.passages.pooled_inputs, where this tree has it) or embedded apart."""
+    inputs = getattr(passages_module, "pooled_inputs", passages_module.embedding_inputs)
+    return sum(len(inputs(b)[0]) for b in batches) / sum(len(b) for b in batches)
+
+
+async def model_on(batches: list[list[tuple[str | None, str]]]) -> tuple[float, float]:
+    """(fragments/s, fragments per CPU-second) of the embedding work alone: the service's own
+    WriteResources.embed_content on these batches, one at a time, in this process (the same
+    lanes, slices and pooling as the ingest service; no database, no network)."""
+    from services.ingest.service import WriteResources
+    from shared.embeddings import load_embedder
+
+    model = WriteResources(pool=None, embedder=load_embedder())  # type: ignore[arg-type]
+    await model.embed_content(batches[0])  # warm-up (compiles the model's shapes)
+    count = sum(len(b) for b in batches)
+    cpu, began = time.process_time(), time.perf_counter()
+    for items in batches:
+        await model.embed_content(items)
+    wall, cpu = time.perf_counter() - began, time.process_time() - cpu
+    return count / wall, count / cpu
+
+
+async def remember_turns(target: Target, memories: list[Memory], namespace: str) -> list[float]:
+    samples: list[float] = []
+    async with mcp_session(target) as session:
+        for i, memory in enumerate(memories):
+            ms, body = await timed_call(session, "remember", scoped(memory.fragment, namespace))
+            if not body.get("success"):
+                raise RuntimeError(f"remember failed: {body}")
+            if i >= WARMUP:
+                samples.append(ms)
+    return samples
+
+
+async def run_locomo(target: Target, data: Path, remember_count: int, count: int, client_counts: list[int],
+                     rounds: int) -> None:
+    """Real conversation turns: the model alone and the write path, alternated `rounds`
+    times in the same minutes, then remember latency."""
+    rows = []
+    for r in range(rounds):
+        for n, clients in enumerate(client_counts):
+            namespace = run_namespace(f"locomo{clients}")
+            memories = locomo_memories(data, count, f"r{r}n{n}c")
+            batches = items_of(memories, namespace)
+            per_text = texts_per_fragment(batches)
+            before, before_cpu = await model_on(batches)
+            result = await load(target, memories, namespace, clients)
+            after, after_cpu = await model_on(batches)
+            model, model_cpu = (before + after) / 2, (before_cpu + after_cpu) / 2
+            per_cpu = result.per_cpu_second
+            batch_lat = latency_row("", result.batch_ms)
+            rows.append([
+                str(clients), str(len(memories)), f"{per_text:.2f}", f"{result.seconds:.1f}", f"{result.rate:.0f}",
+                f"{min(before, after):.0f}-{max(before, after):.0f}", f"{model * per_text:.0f}",
+                f"{result.rate / model:.0%}", f"{per_cpu:.0f}" if per_cpu else "n/a", f"{model_cpu:.0f}",
+                f"{per_cpu / model_cpu:.0%}" if per_cpu else "n/a", batch_lat[2], batch_lat[3], str(result.failed),
+            ])
+    print_table(
+        f"batch_remember of LoCoMo turns (batches of {BATCH}) beside the embedding work alone on the same turns",
+        ["clients", "fragments", "texts/fragment", "seconds", "fragments/s", "model fragments/s", "model texts/s",
+         "of model", "per stack CPU-s", "model per CPU-s", "of model (CPU)", "batch p50 ms", "batch p95 ms", "failed"],
+        rows,
+    )
+    print("(model: the ingest service's embedding of exactly these turns alone in this process, before and after the "
+          "load; of model: the write path's fragments/s over the model's mean; per CPU-s: fragments per CPU second "
+          "of the whole private stack (services, Postgres, worker) beside the model's, robust to other load on the machine)")
+    if remember_count:
+        memories = locomo_memories(data, remember_count + WARMUP, "rem")
+        samples = await remember_turns(target, memories, run_namespace("locomo-remember"))
+        print_table(f"remember of single LoCoMo turns (sequential, one client; {texts_per_fragment(items_of(memories)):.2f} "
+                    "texts embedded a turn)", LATENCY_HEADER, [latency_row("remember", samples)])
+
+
 def parse_clients(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part]
 
@@ -134,7 +257,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--async-fragments", type=int, default=0, help="fragments stored with async=true (0 = skip)")
     parser.add_argument("--model-texts", type=int, default=1000, help="texts for the model-only table (0 = skip)")
     parser.add_argument("--seed", type=int, default=101)
+    parser.add_argument("--locomo", action="store_true", help="store LoCoMo turns (real multi-sentence content) instead")
+    parser.add_argument("--data", default=str(DEV_DATA), help="LoCoMo samples for --locomo (locomo10.json format)")
+    parser.add_argument("--rounds", type=int, default=1, help="--locomo: model / load / model rounds per concurrency")
     args = parser.parse_args(argv)
+    if args.locomo:
+        with target_from(args) as target:
+            asyncio.run(run_locomo(target, Path(args.data), args.remember, args.batch_fragments, args.clients, args.rounds))
+        return
     with target_from(args) as target:
         asyncio.run(run(target, args.remember, args.batch_fragments, args.clients, args.seed, args.async_fragments,
                         args.model_texts))

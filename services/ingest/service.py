@@ -4,6 +4,8 @@ resolution, secret screening, truncation, keywords), quota, and post-commit jobs
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -19,12 +21,14 @@ from shared.contract.write import RememberArgs
 from shared.domain import fragment as frag
 from shared.domain.errors import InvalidParams
 from shared.domain.keywords import merge_keywords
-from shared.domain.passages import embedding_inputs, split_vectors
+from shared.domain.passages import embedding_inputs, pooled_inputs, split_vectors
 from shared.domain.principal import Principal
 from shared.domain.secrets import screen_args
 from shared.embeddings import Embedder
+from shared.embeddings.model import pooled
 from shared.job_relay import Inline, OutboxRelay
 from shared.jobs import JobBuffer
+from shared.metrics import EMBED_BATCH, EMBED_SECONDS
 from shared.recall_cache import bump_recall_generation
 from shared.repositories import fragments as fragments_repo
 from shared.repositories import keys as keys_repo
@@ -63,10 +67,14 @@ class WriteResources:
         return JobBuffer(outbox=self.relay.broker if self.relay is not None else None)
 
     async def embed(self, texts: list[str]) -> np.ndarray:
+        """Unit vectors, one row per text."""
+        return await self._sliced(texts, self.embedder.embed, self.embedder.dimensions)
+
+    async def _sliced(self, texts: list[str], run: Callable[[list[str]], np.ndarray], width: int) -> np.ndarray:
         # Model calls run in worker threads (onnxruntime releases the GIL), keeping the
         # event loop free; texts are sorted by length first so each slice pads little.
         if not texts:
-            return np.zeros((0, self.embedder.dimensions), dtype=np.float32)
+            return np.zeros((0, width), dtype=np.float32)
         lanes = max(1, getattr(self.embedder, "parallel_calls", 1))
         if self._embed_turn is None:
             self._embed_turn = anyio.CapacityLimiter(lanes)
@@ -75,22 +83,40 @@ class WriteResources:
         size = -(-len(texts) // slices)
         parts: list[np.ndarray | None] = [None] * -(-len(texts) // size)
 
-        async def run(n: int) -> None:
+        async def one(n: int) -> None:
             chunk = [texts[i] for i in order[n * size:(n + 1) * size]]
-            parts[n] = await anyio.to_thread.run_sync(self.embedder.embed, chunk, limiter=self._embed_turn)
+            parts[n] = await anyio.to_thread.run_sync(run, chunk, limiter=self._embed_turn)
 
         async with anyio.create_task_group() as tg:
             for n in range(len(parts)):
-                tg.start_soon(run, n)
-        out = np.empty((len(texts), self.embedder.dimensions), dtype=np.float32)
+                tg.start_soon(one, n)
+        out = np.empty((len(texts), width), dtype=np.float32)
         out[order] = np.concatenate(parts)  # type: ignore[arg-type]
         return out
 
     async def embed_content(self, items: list[tuple[str | None, str]]) -> list[tuple[np.ndarray, np.ndarray]]:
         """For each (topic, content): its embedding and its passages' (shared.domain.passages),
-        all in one embed call."""
-        texts, spans = embedding_inputs(items)
-        return split_vectors(await self.embed(texts), spans)
+        all in one embed call. Content with passages is embedded once, as its passages: its
+        own embedding is pooled from their runs (pooled_inputs) instead of a run of its own.
+        A backend without token sums (torch) embeds its text and its passages apart."""
+        embed_sums = getattr(self.embedder, "embed_sums", None)
+        if embed_sums is None:
+            texts, spans = embedding_inputs(items)
+            return split_vectors(await self.embed(texts), spans)
+        texts, spans = pooled_inputs(items)
+
+        def timed(chunk: list[str]) -> np.ndarray:  # as the embedder's own wrapper times embed()
+            started = time.perf_counter()
+            try:
+                return embed_sums(chunk)
+            finally:
+                EMBED_SECONDS.observe(time.perf_counter() - started)
+                EMBED_BATCH.observe(len(chunk))
+
+        sums = await self._sliced(texts, timed, self.embedder.dimensions + 1)
+        # Each fragment's texts are consecutive rows: its passages, or its own text alone.
+        vectors, fragment_vectors = pooled(sums, [start for start, _ in spans])
+        return [(fragment_vectors[k], vectors[start:start + n]) for k, (start, n) in enumerate(spans)]
 
     async def embed_fragments(self, fragments: list[frag.NewFragment]) -> None:
         """Sets each fragment's embedding and passage embeddings."""

@@ -75,6 +75,21 @@ def embedding_inputs(items: list[tuple[str | None, str]]) -> tuple[list[str], li
     return texts, spans
 
 
+def pooled_inputs(items: list[tuple[str | None, str]]) -> tuple[list[str], list[tuple[int, int]]]:
+    """The texts to embed when a fragment with passages takes its embedding from them (the
+    mean of the token states of all its passages' runs, shared.embeddings.model.pooled)
+    instead of a run of its own: a fragment without passages embeds its own text, one with
+    passages only its passages. Per fragment: (where its texts start, how many are passages;
+    0 = one text, its own)."""
+    texts: list[str] = []
+    spans = []
+    for topic, content in items:
+        parts = passages(content)
+        spans.append((len(texts), len(parts)))
+        texts.extend(parts or [embedding_text(topic, content)])
+    return texts, spans
+
+
 def split_vectors(vectors: Any, spans: list[tuple[int, int]]) -> list[tuple[Any, Any]]:
     """`embedding_inputs`' vectors back per fragment: (its embedding, its passages' rows)."""
     return [(vectors[i], vectors[start:start + n]) for i, (start, n) in enumerate(spans)]

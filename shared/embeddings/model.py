@@ -121,9 +121,17 @@ def _normalise(vectors: np.ndarray) -> np.ndarray:
 def _mean_pooled(
     tokenizer: Any, texts: list[str], batch_size: int, run: Callable[[dict[str, np.ndarray]], np.ndarray]
 ) -> np.ndarray:
-    """Mean-pooled, unit-length sentence vectors from an encoder's token states. Texts go in
-    length order, `batch_size` at a time, so each run pads to a similar size."""
-    out = np.zeros((len(texts), DIMENSIONS), dtype=np.float32)
+    """Mean-pooled, unit-length sentence vectors from an encoder's token states."""
+    return pooled(_token_sums(tokenizer, texts, batch_size, run), [])[0]
+
+
+def _token_sums(
+    tokenizer: Any, texts: list[str], batch_size: int, run: Callable[[dict[str, np.ndarray]], np.ndarray]
+) -> np.ndarray:
+    """Per text, the sum of its token states (padding masked) and, in the last column, its
+    token count: texts pooled together (a fragment from its passages) add their rows. Texts
+    go in length order, `batch_size` at a time, so each run pads to a similar size."""
+    out = np.zeros((len(texts), DIMENSIONS + 1), dtype=np.float32)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
@@ -131,9 +139,19 @@ def _mean_pooled(
         input_ids = np.array([e.ids for e in encodings], dtype=np.int64)
         mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
         hidden = run({"input_ids": input_ids, "attention_mask": mask, "token_type_ids": np.zeros_like(input_ids)})
-        summed = (hidden * mask[..., None]).sum(axis=1)
-        out[idx] = _normalise(summed / np.maximum(mask.sum(axis=1, keepdims=True), 1))
+        out[idx, :-1] = (hidden * mask[..., None]).sum(axis=1)
+        out[idx, -1] = mask.sum(axis=1)
     return out
+
+
+def pooled(sums: np.ndarray, starts: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """From _token_sums rows: each text's unit vector, and one per group of consecutive rows
+    (a group runs from each of `starts` to the next): the mean of all its texts' tokens."""
+    texts = _normalise(sums[:, :-1] / np.maximum(sums[:, -1:], 1))
+    if not starts:
+        return texts, np.zeros((0, sums.shape[1] - 1), dtype=np.float32)
+    groups = np.add.reduceat(sums, starts, axis=0)
+    return texts, _normalise(groups[:, :-1] / np.maximum(groups[:, -1:], 1))
 
 
 class TorchEmbedder:
@@ -189,6 +207,10 @@ class OnnxEmbedder:
 
         return _mean_pooled(self._tokenizer, texts, self._batch_size, run)
 
+    def embed_sums(self, texts: list[str]) -> np.ndarray:
+        """Each text's token-state sum and token count (_token_sums), for pooling across texts."""
+        return _token_sums(self._tokenizer, texts, self._batch_size, lambda feeds: self._session.run(None, feeds)[0])
+
 
 class OpenVinoEmbedder:
     """The same ONNX export compiled by OpenVINO, which multiplies in bfloat16 where the CPU
@@ -230,6 +252,14 @@ class OpenVinoEmbedder:
         request = self._requests.get()  # one per lane; a call beyond parallel_calls waits
         try:
             return _mean_pooled(self._tokenizer, texts, self._batch_size, lambda feeds: request.infer(feeds)[0])
+        finally:
+            self._requests.put(request)
+
+    def embed_sums(self, texts: list[str]) -> np.ndarray:
+        """Each text's token-state sum and token count (_token_sums), for pooling across texts."""
+        request = self._requests.get()
+        try:
+            return _token_sums(self._tokenizer, texts, self._batch_size, lambda feeds: request.infer(feeds)[0])
         finally:
             self._requests.put(request)
 
