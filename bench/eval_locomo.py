@@ -20,6 +20,8 @@ that say so (_meta.hints no_results). The last line printed is the headline:
 --save-ids with --no-cleanup writes each conversation's workspace and fragment id -> turn
 map, so bench.locomo_rescore can rank the stored turns again in process (ranking changes
 measured without ingesting again).
+--reuse-ids takes such a file of the same stack: its conversations are asked again through
+MCP without being stored again (a ranking change served by a restarted recall, same store).
 """
 
 from __future__ import annotations
@@ -74,7 +76,9 @@ async def ingest(session: ClientSession, workspace: str, turns: list[locomo.Turn
     return id_to_dia
 
 
-async def run(target: Target, args: argparse.Namespace, data: list[dict[str, Any]], unanswerable: list[str]) -> int:
+async def run(target: Target, args: argparse.Namespace, data: list[dict[str, Any]], unanswerable: list[str],
+              reuse: dict[str, dict[str, Any]]) -> int:
+    """`reuse`: conversations an earlier run stored (--save-ids --no-cleanup), asked again, not stored again."""
     run_id = uuid.uuid4().hex[:8]
     rows: list[tuple[int, dict[str, float]]] = []
     latencies: list[float] = []
@@ -86,12 +90,15 @@ async def run(target: Target, args: argparse.Namespace, data: list[dict[str, Any
         for sample in data:
             workspace = f"locomo-{run_id}-{sample['sample_id']}"
             turns = locomo.turns_of(sample)
-            started = time.perf_counter()
-            id_to_dia = await ingest(session, workspace, turns)
-            ingest_s += time.perf_counter() - started
-            ingest_turns += len(turns)
+            if sample["sample_id"] in reuse:
+                workspace, id_to_dia = reuse[sample["sample_id"]]["workspace"], reuse[sample["sample_id"]]["ids"]
+            else:
+                started = time.perf_counter()
+                id_to_dia = await ingest(session, workspace, turns)
+                ingest_s += time.perf_counter() - started
+                ingest_turns += len(turns)
+                await asyncio.sleep(args.settle)
             saved[sample["sample_id"]] = {"workspace": workspace, "ids": id_to_dia}
-            await asyncio.sleep(args.settle)
 
             def recall_args(text: str, ws: str = workspace) -> dict[str, Any]:
                 return {"text": text, "workspace": ws, "pageSize": args.k, "tokenBudget": args.token_budget,
@@ -112,7 +119,7 @@ async def run(target: Target, args: argparse.Namespace, data: list[dict[str, Any
                 not_found += said_not_found(reply)
                 if args.verbose:
                     print(f"U\t-\t{int(said_not_found(reply))}\t{reply.get('searchPath')}\t{text}")
-            if args.cleanup:
+            if args.cleanup and sample["sample_id"] not in reuse:
                 await call(session, "forget", {"topic": workspace, "force": True})
 
     if args.save_ids:
@@ -125,7 +132,8 @@ async def run(target: Target, args: argparse.Namespace, data: list[dict[str, Any
     lat_ms = [s * 1000 for s in latencies]
     print(f"recall latency ms: p50 {percentile(lat_ms, 50):.1f}  p95 {percentile(lat_ms, 95):.1f}  "
           f"p99 {percentile(lat_ms, 99):.1f}  (n={len(lat_ms)})")
-    print(f"ingest: {ingest_turns} turns in {ingest_s:.1f} s ({ingest_turns / max(ingest_s, 1e-9):.0f} turns/s)")
+    if ingest_turns:
+        print(f"ingest: {ingest_turns} turns in {ingest_s:.1f} s ({ingest_turns / max(ingest_s, 1e-9):.0f} turns/s)")
     if asked:
         print(f"never-stored questions answered no_results: {not_found}/{asked} ({not_found / asked:.1%})")
     main_rows = [r for cat, r in rows if cat != locomo.ADVERSARIAL]
@@ -148,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="print each question's score (for never-stored ones: no_results) and searchPath, tab-separated")
     parser.add_argument("--per-conversation", action="store_true", help="also print each conversation's recall@10 and MRR")
     parser.add_argument("--save-ids", help="write {sample_id: {workspace, ids: {fragment id: dia_id}}} here (with --no-cleanup)")
+    parser.add_argument("--reuse-ids", help="a --save-ids file of the same stack: its conversations are scored without being stored again")
     args = parser.parse_args(argv)
     if not args.data:
         parser.error(f"--data is required ({DEV_DATA} is not there)")
@@ -155,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no such file: {args.data}")
     data = locomo.load(Path(args.data), args.conversations)
     unanswerable = json.loads(Path(args.unanswerable).read_text())["questions"] if args.unanswerable else []
+    reuse = json.loads(Path(args.reuse_ids).read_text()) if args.reuse_ids else {}
     with target_from(args) as target:
-        return asyncio.run(run(target, args, data, unanswerable))
+        return asyncio.run(run(target, args, data, unanswerable, reuse))
 
 
 if __name__ == "__main__":
