@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 
-from services.gateway.core.round_trip import Reply, RoundTrip
+from services.gateway.core.round_trip import RoundTrip
 from services.gateway.sessions.store import (
     UNREACHABLE,
     CallTimes,
     Change,
     Document,
     Gate,
+    Loaded,
     Loading,
     MemorySessionStore,
     PlannedCall,
@@ -77,10 +78,10 @@ class FallbackSessionStore:
             found = None
         return found if found is not None else await self.local.load(id_key, doc_prefix, ttl, touch=touch)
 
-    def queue_load(self, trip: RoundTrip, id_key: str, doc_prefix: str, ttl: float, *, touch: bool) -> Loading:
-        return self.primary.queue_load(trip, id_key, doc_prefix, ttl, touch=touch)
+    def queue_load(self, trip: RoundTrip, loading: Loading) -> Loading:
+        return self.primary.queue_load(trip, loading)
 
-    async def loaded(self, loading: Loading) -> tuple[Document, Document] | None:
+    async def loaded(self, loading: Loading) -> Loaded | None:
         try:
             found = await self.primary.loaded(loading)
         except UNREACHABLE:
@@ -96,15 +97,6 @@ class FallbackSessionStore:
             return await self.primary.record(key, log_key, entry, keep, ttl, call, gate)
         except UNREACHABLE:
             return Recorded("gone")
-
-    def queue_record(self, trip: RoundTrip, planned: PlannedCall) -> Reply | None:
-        return self.primary.queue_record(trip, planned)
-
-    async def recorded(self, planned: PlannedCall, reply: Reply | None) -> Recorded | None:
-        try:
-            return await self.primary.recorded(planned, reply)
-        except UNREACHABLE:
-            return None
 
     async def unrecord(self, planned: PlannedCall, handle: str, recorded: Recorded) -> None:
         with contextlib.suppress(*UNREACHABLE):

@@ -38,11 +38,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
+from cachetools import LRUCache
 from celery import Celery
 from prometheus_client import Counter, Gauge
 from redis.exceptions import RedisError
 
-from services.gateway.core.round_trip import Reply, RoundTrip
+from services.gateway.core.round_trip import RoundTrip
 from services.gateway.sessions.model import (
     ActiveSession,
     SessionGone,
@@ -54,7 +55,20 @@ from services.gateway.sessions.model import (
     token_digest,
     token_key,
 )
-from services.gateway.sessions.store import CallTimes, Document, Gate, Loading, PlannedCall, Recorded, SessionStore
+from services.gateway.sessions.store import (
+    RECORDED,
+    REFUSED,
+    ROTATE,
+    CallTimes,
+    Document,
+    Gate,
+    Known,
+    Loaded,
+    Loading,
+    PlannedCall,
+    Recorded,
+    SessionStore,
+)
 from shared.domain.principal import Principal
 from shared.jobs import send_job
 from shared.repositories import sessions as sessions_repo
@@ -80,16 +94,20 @@ ACTIVITY_FLUSH_SECONDS = 1.0
 ACTIVITY_KEPT = 100
 # Keys outlive the idle timeout by this much, so the sweep still finds what it ends.
 KEY_GRACE_SECONDS = 120.0
+# Sessions a replica remembers as it last resolved them (Sessions._known).
+KNOWN_SESSIONS = 10_000
 
 
-@dataclass(frozen=True)
+@dataclass
 class Resolving:
-    """A resolve() queued in a round trip, with the tool call it records ahead, if any."""
+    """A resolve() queued in a round trip, with the tool call it records ahead, if any, and
+    what this replica knew of the session when it was queued; resolved() fills `loaded`."""
 
     client_id: str | None
     loading: Loading | None
     call: PlannedCall | None = None
-    recording: Reply | None = None
+    known: tuple[Known, ActiveSession] | None = None
+    loaded: Loaded | None = None
 
 
 @dataclass
@@ -124,6 +142,10 @@ class Sessions:
         self._pending: dict[str, list[dict[str, Any]]] = {}
         # Legacy SSE sessions whose stream this replica holds (/health reports them).
         self.held_sse: set[str] = set()
+        # Sessions this replica resolved, by client id, as of their revision (queue_resolve).
+        # The store checks every request against it, so an entry is never served stale; the
+        # bound only limits memory.
+        self._known: LRUCache[str, tuple[Known, ActiveSession]] = LRUCache(KNOWN_SESSIONS)
 
     @property
     def segmented(self) -> bool:
@@ -229,27 +251,53 @@ class Sessions:
     def queue_resolve(
         self, trip: RoundTrip, client_id: str | None, tool: str | None = None, gate: Gate | None = None
     ) -> Resolving:
-        """resolve() within a request's round trip (core/round_trip.py); resolved() reads it.
-        `tool`: a tools/call the request carries, recorded in the same round trip (called_ahead())."""
+        """resolve() within a request's round trip (core/round_trip.py), in one command;
+        resolved() reads it. `tool`: a tools/call the request carries, recorded in the same
+        command (called_ahead()). A session this replica resolved before is sent back only
+        when it changed since (its revision or its id record): the store answers with what
+        this replica knows of it, so a tool call of a known session moves and decodes no
+        document here (bench/README.md, "The gateway's cost per call after the rebuild")."""
         if not client_id:
             return Resolving(None, None)
-        loading = self.store.queue_load(trip, id_key(client_id), doc_key(""), self.ttl, touch=True)
-        if tool is None:
-            return Resolving(client_id, loading)
-        entry = json.dumps({"tool": tool, "at": _now_iso()})
-        planned = PlannedCall(
-            id_key(client_id), client_id, doc_key(""), activity_key(""), entry, ACTIVITY_KEPT, self.ttl, self._call_times(), gate
-        )
-        return Resolving(client_id, loading, planned, self.store.queue_record(trip, planned))
+        known = self._known.get(client_id)
+        planned = None
+        if tool is not None:
+            entry = json.dumps({"tool": tool, "at": _now_iso()})
+            planned = PlannedCall(
+                id_key(client_id), client_id, doc_key(""), activity_key(""), entry, ACTIVITY_KEPT, self.ttl, self._call_times(), gate
+            )
+        loading = Loading(id_key(client_id), client_id, doc_key(""), self.ttl, planned, known[0] if known else None)
+        return Resolving(client_id, self.store.queue_load(trip, loading), planned, known)
+
+    async def resolved(self, resolving: Resolving) -> ActiveSession | None:
+        client_id = resolving.client_id
+        if client_id is None or resolving.loading is None:
+            return None
+        loaded = resolving.loaded = await self.store.loaded(resolving.loading)
+        if loaded is None:
+            self._known.pop(client_id, None)
+            return None
+        if loaded.found is None:  # unchanged since this replica read it
+            return resolving.known[1] if resolving.known is not None else None
+        session = self._active(client_id, loaded.found)
+        if session is not None and loaded.known is not None:
+            self._known[client_id] = (loaded.known, session)
+        return session
 
     async def called_ahead(self, resolving: Resolving, session: ActiveSession | None, tool: str) -> CallAhead | None:
         """The tool call recorded in the resolving round trip, if it was."""
-        if resolving.call is None or session is None:
+        loaded, planned = resolving.loaded, resolving.call
+        if planned is None or session is None or loaded is None:
             return None
-        recorded = await self.store.recorded(resolving.call, resolving.recording)
-        if recorded is None:
+        if loaded.outcome == RECORDED:
+            recorded = Recorded("recorded", {"session_id": session.session_id, "seq": session.doc["seq"]}, loaded.count)
+        elif loaded.outcome == ROTATE and loaded.found is not None:
+            recorded = Recorded("rotate", dict(loaded.found[1]), loaded.count)
+        elif loaded.outcome == REFUSED and loaded.count is not None:
+            recorded = Recorded("refused", count=loaded.count)
+        else:  # not recorded ahead (a store without Redis): the handler records it
             return None
-        return CallAhead(tool, resolving.call.gate, session.handle, resolving.call, recorded)
+        return CallAhead(tool, planned.gate, session.handle, planned, recorded)
 
     async def take_back(self, ahead: CallAhead) -> None:
         """A call recorded ahead that its checks refused: it did not happen."""
@@ -260,11 +308,6 @@ class Sessions:
         if not self.segmented:
             return CallTimes(now, 0.0, 0.0)
         return CallTimes(now, now - self.settings.segment_idle.total_seconds(), now - self.settings.segment_lifetime.total_seconds())
-
-    async def resolved(self, resolving: Resolving) -> ActiveSession | None:
-        if resolving.client_id is None or resolving.loading is None:
-            return None
-        return self._active(resolving.client_id, await self.store.loaded(resolving.loading))
 
     @staticmethod
     def _active(client_id: str, found: tuple[Document, Document] | None) -> ActiveSession | None:

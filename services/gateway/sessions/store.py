@@ -41,7 +41,8 @@ class SessionStore(Protocol):
 
     async def update(self, key: str, change: Change, ttl: float) -> tuple[Document | None, Document | None]:
         """Apply `change` to the document atomically; (before, after). A missing document is
-        left missing (`change` is not called). Every change bumps the document's version "v"."""
+        left missing (`change` is not called). Every change bumps the document's version "v"
+        and its revision "rev" (Known)."""
         ...
 
     async def load(self, id_key: str, doc_prefix: str, ttl: float, *, touch: bool) -> tuple[Document, Document] | None:
@@ -49,19 +50,15 @@ class SessionStore(Protocol):
         round trip; `touch` refreshes both keys and the last-used time."""
         ...
 
-    def queue_load(self, trip: RoundTrip, id_key: str, doc_prefix: str, ttl: float, *, touch: bool) -> Loading:
-        """load() within a request's round trip (core/round_trip.py); loaded() reads it."""
+    def queue_load(self, trip: RoundTrip, loading: Loading) -> Loading:
+        """load() (touching) within a request's round trip (core/round_trip.py), with the tool
+        call `loading.call` recorded in the same command; loaded() reads it."""
         ...
 
-    async def loaded(self, loading: Loading) -> tuple[Document, Document] | None: ...
-
-    def queue_record(self, trip: RoundTrip, planned: PlannedCall) -> Reply | None:
-        """record() of the session a client id names, within a round trip; None: this store
-        records no call ahead (the caller records it with record())."""
-        ...
-
-    async def recorded(self, planned: PlannedCall, reply: Reply | None) -> Recorded | None:
-        """What a queued record did; None when nothing was recorded ahead."""
+    async def loaded(self, loading: Loading) -> Loaded | None:
+        """What a queued load found (None: unknown, ended, or no longer one of its session's
+        ids). A store that records no call ahead leaves Loaded.outcome at NOT_RECORDED (the
+        caller records the call with record())."""
         ...
 
     async def unrecord(self, planned: PlannedCall, handle: str, recorded: Recorded) -> None:
@@ -73,7 +70,7 @@ class SessionStore(Protocol):
     ) -> tuple[bool, Document | None]:
         """Replace the document if it is still at `version` (its "v"), and append `entry` to
         the log at `log_key` (the newest `keep` kept): (True, None), or (False, the document
-        as it is now, None when gone)."""
+        as it is now, None when gone). A swap moves "v" and the revision "rev" on."""
         ...
 
     async def record(
@@ -155,20 +152,53 @@ class PlannedCall:
 
 
 @dataclass(frozen=True)
+class Known:
+    """What a replica last read of a session: its id record as stored, and its document's
+    revision "rev". Every change of a document but a call's counters (last_activity,
+    segment_calls, "v") moves "rev" on, so a load told what is known answers with the
+    document only when it changed since, and the replica reuses what it decoded then."""
+
+    record: bytes
+    rev: int
+
+
+@dataclass(frozen=True)
 class Loading:
-    """A load() queued in a round trip."""
+    """A load of the session a client id names, queued in a round trip, with a tool call to
+    record in the same command (`call`) and what the caller knows of it (`known`)."""
 
     id_key: str
+    client_id: str
     doc_prefix: str
     ttl: float
-    touch: bool
+    call: PlannedCall | None = None
+    known: Known | None = None
     reply: Reply | None = None
 
 
+# Loaded.outcome: what the load did with its call.
+NOT_RECORDED, GONE, ROTATE, RECORDED, REFUSED = -1, 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A queued load's answer: the id record and the document before the call (None when
+    they are still as Loading.known said), what to know of them from now on (None: this store
+    does not say, so every load reads them in full), and what became of the call it
+    recorded (`outcome`, one of the constants above, and the gate's `count`)."""
+
+    found: tuple[Document, Document] | None
+    known: Known | None
+    outcome: int = NOT_RECORDED
+    count: int | None = None
+
+
 def _bumped(before: Document, after: Document | None) -> Document | None:
-    """Every change moves the version on, so a swap based on an older read fails."""
+    """Every change moves the version on, so a swap based on an older read fails, and the
+    revision, so a replica that knows the session reads it again (Known)."""
     if after is not None:
         after["v"] = int(before.get("v", 0)) + 1
+        after["rev"] = int(before.get("rev", 0)) + 1
     return after
 
 
@@ -221,17 +251,17 @@ return {2}
 # A tool call changes three fields of the document: in Redis, so that the gateway neither
 # decodes nor encodes it per call. cjson writes numbers with 14 significant digits (a time
 # keeps 0.1 ms); a document has no arrays (cjson would write an empty one as {}).
+# ARGV: now, idle_before, lifetime_before, ttl ms, the log entry, entries kept, the gate's
+# limit and ttl ms (see CallTimes and Gate). Replies: {2, session_id, seq, count} recorded,
+# {1, document, count} rotate first (nothing recorded), {3, count} refused, {0} gone.
 _RECORD_CALL = """
-local function record(doc_key, log_key, gate_key)
-  local current = redis.call('GET', doc_key)
-  if not current then return {0} end
+local function record_decoded(doc_key, log_key, gate_key, current, doc)
   local count = -1
   if gate_key then
     count = redis.call('INCR', gate_key)
     redis.call('PEXPIRE', gate_key, ARGV[8])
     if count > tonumber(ARGV[7]) then return {3, count} end
   end
-  local doc = cjson.decode(current)
   if tonumber(doc['last_activity']) < tonumber(ARGV[2]) or tonumber(doc['segment_started']) < tonumber(ARGV[3]) then
     return {1, current, count}
   end
@@ -245,19 +275,40 @@ local function record(doc_key, log_key, gate_key)
   return {2, doc['session_id'], doc['seq'], count}
 end
 """
-# A tool call changes three fields of the document: in Redis, so that the gateway neither
-# decodes nor encodes it per call. cjson writes numbers with 14 significant digits (a time
-# keeps 0.1 ms); a document has no arrays (cjson would write an empty one as {}).
-_RECORD = _RECORD_CALL + "return record(KEYS[1], KEYS[2], KEYS[3])"
-# The same for the session a client id names, when that id is still one of the session's
-# (the front door records a tool call in the round trip that resolves its session).
-_RECORD_BY_ID = _RECORD_CALL + """
-local id = redis.call('GET', KEYS[1])
-if not id then return {0} end
-local handle = cjson.decode(id)['h']
-local doc = redis.call('GET', ARGV[9] .. handle)
-if not doc or cjson.decode(doc)['ids'][ARGV[11]] == nil then return {0} end
-return record(ARGV[9] .. handle, ARGV[10] .. handle, KEYS[2])
+_RECORD = _RECORD_CALL + """
+local current = redis.call('GET', KEYS[1])
+if not current then return {0} end
+return record_decoded(KEYS[1], KEYS[2], KEYS[3], current, cjson.decode(current))
+"""
+# The front door's one command per request of a session (Sessions.queue_resolve): the session
+# a client id names, when that id is still one of the session's, touched; with a tool call
+# recorded (ARGV[15] '1'). KEYS: the id record, the gate's counter (when counted). ARGV 1-8 as
+# for a call; 9 the document prefix, 10 the log prefix, 11 the client id, 12 the last-used
+# index, 13 and 14 the revision and the id record the caller knows (Known; -1 and '' for none).
+# Replies: {0} gone; {1, outcome, count} when the caller's Known still holds (nothing more to
+# send or decode); else {1, outcome, count, rev, id record, document as it was before the call}.
+# outcome: -1 no call, else record_decoded's first field.
+_RESOLVE = _RECORD_CALL + """
+local record = redis.call('GET', KEYS[1])
+if not record then return {0} end
+local handle = cjson.decode(record)['h']
+local doc_key = ARGV[9] .. handle
+local current = redis.call('GET', doc_key)
+if not current then return {0} end
+local doc = cjson.decode(current)
+if type(doc['ids']) ~= 'table' or doc['ids'][ARGV[11]] == nil then return {0} end
+redis.call('ZADD', ARGV[12], ARGV[1], handle)
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+redis.call('PEXPIRE', doc_key, ARGV[4])
+local rev = tonumber(doc['rev']) or 0
+local outcome, count = -1, -1
+if ARGV[15] == '1' then
+  local done = record_decoded(doc_key, ARGV[10] .. handle, KEYS[2], current, doc)
+  outcome = done[1]
+  count = done[#done]
+end
+if outcome ~= 1 and rev == tonumber(ARGV[13]) and record == ARGV[14] then return {1, outcome, count} end
+return {1, outcome, count, rev, record, current}
 """
 # Takes back a call recorded ahead of its checks, which then refused it.
 _UNRECORD = """
@@ -284,7 +335,7 @@ class RedisSessionStore:
         self._load = redis.register_script(_LOAD)
         self._swap = redis.register_script(_SWAP)
         self._record = redis.register_script(_RECORD)
-        self._record_by_id = redis.register_script(_RECORD_BY_ID)
+        self._resolve = redis.register_script(_RESOLVE)
         self._unrecord = redis.register_script(_UNRECORD)
 
     async def get(self, key: str) -> Document | None:
@@ -333,24 +384,47 @@ class RedisSessionStore:
             return None
         return json.loads(found[0]), json.loads(found[1])
 
-    def _load_args(self, loading: Loading) -> list[Any]:
-        return [loading.doc_prefix, "1" if loading.touch else "0", _ttl_ms(loading.ttl), LAST_USED_INDEX, time.time()]
+    @staticmethod
+    def _resolve_command(loading: Loading) -> tuple[list[Any], list[Any]]:
+        """The keys and arguments of _RESOLVE for a load (bytes where the client would encode)."""
+        call, known = loading.call, loading.known
+        gate = call.gate if call is not None else None
+        keys: list[Any] = [loading.id_key] if gate is None else [loading.id_key, gate.key]
+        ttl_ms = _ttl_ms(loading.ttl)
+        if call is None:
+            args: list[Any] = [time.time(), 0, 0, ttl_ms, b"", 0, 0, 0, loading.doc_prefix, b""]
+        else:
+            times = call.times
+            args = [
+                times.now, times.idle_before, times.lifetime_before, ttl_ms, call.entry, call.keep,
+                gate.limit if gate else 0, _ttl_ms(gate.ttl) if gate else 0, loading.doc_prefix, call.log_prefix,
+            ]
+        args += [
+            loading.client_id, LAST_USED_INDEX, known.rev if known else -1, known.record if known else b"",
+            b"0" if call is None else b"1",
+        ]
+        return keys, args
 
-    def queue_load(self, trip: RoundTrip, id_key: str, doc_prefix: str, ttl: float, *, touch: bool) -> Loading:
-        loading = Loading(id_key, doc_prefix, ttl, touch)
-        reply = trip.queue("EVALSHA", self._load.sha, 1, id_key, *self._load_args(loading))
-        return Loading(id_key, doc_prefix, ttl, touch, reply)
+    def queue_load(self, trip: RoundTrip, loading: Loading) -> Loading:
+        keys, args = self._resolve_command(loading)
+        reply = trip.queue("EVALSHA", self._resolve.sha, len(keys), *keys, *args)
+        return Loading(loading.id_key, loading.client_id, loading.doc_prefix, loading.ttl, loading.call, loading.known, reply)
 
-    async def loaded(self, loading: Loading) -> tuple[Document, Document] | None:
-        if loading.reply is None:
-            return await self.load(loading.id_key, loading.doc_prefix, loading.ttl, touch=loading.touch)
+    async def loaded(self, loading: Loading) -> Loaded | None:
         try:
+            if loading.reply is None:
+                raise NoScriptError("not queued")
             found = loading.reply.result()
         except NoScriptError:  # a restarted Redis forgot the script; the Script call loads it again
-            found = await self._load(keys=[loading.id_key], args=self._load_args(loading))
-        if not found:
+            keys, args = self._resolve_command(loading)
+            found = await self._resolve(keys=keys, args=args)
+        if not found or int(found[0]) == 0:
             return None
-        return json.loads(found[0]), json.loads(found[1])
+        outcome, count = int(found[1]), _count(found[2])
+        if len(found) == 3:  # as the caller knew it
+            return Loaded(None, loading.known, outcome, count)
+        record = found[4] if isinstance(found[4], bytes) else str(found[4]).encode()
+        return Loaded((json.loads(record), json.loads(found[5])), Known(record, int(found[3])), outcome, count)
 
     async def record(
         self, key: str, log_key: str, entry: Document, keep: int, ttl: float, call: CallTimes, gate: Gate | None = None
@@ -360,26 +434,6 @@ class RedisSessionStore:
         if gate is not None:
             args += [gate.limit, _ttl_ms(gate.ttl)]
         return _recorded(await self._record(keys=keys, args=args))
-
-    def queue_record(self, trip: RoundTrip, planned: PlannedCall) -> Reply | None:
-        call, gate = planned.times, planned.gate
-        args: list[Any] = [
-            call.now, call.idle_before, call.lifetime_before, _ttl_ms(planned.ttl), planned.entry, planned.keep,
-            gate.limit if gate else 0, _ttl_ms(gate.ttl) if gate else 0, planned.doc_prefix, planned.log_prefix,
-            planned.client_id,
-        ]
-        keys = [planned.id_key] if gate is None else [planned.id_key, gate.key]
-        return trip.queue("EVALSHA", self._record_by_id.sha, len(keys), *keys, *args)
-
-    async def recorded(self, planned: PlannedCall, reply: Reply | None) -> Recorded | None:
-        if reply is None:
-            return None
-        try:
-            found = _recorded(reply.result())
-        except NoScriptError:  # not loaded yet (or Redis restarted): the caller records this one
-            await self.redis.script_load(_RECORD_BY_ID)
-            return None
-        return found if found.outcome != "gone" else None
 
     async def unrecord(self, planned: PlannedCall, handle: str, recorded: Recorded) -> None:
         done = recorded.outcome == "recorded" and recorded.doc is not None
@@ -394,6 +448,7 @@ class RedisSessionStore:
         self, key: str, version: int, value: Document, ttl: float, log_key: str, entry: Document, keep: int
     ) -> tuple[bool, Document | None]:
         value["v"] = version + 1
+        value["rev"] = int(value.get("rev", 0)) + 1  # `value` is the read at `version`, changed
         outcome = await self._swap(keys=[key, log_key], args=[version, json.dumps(value), _ttl_ms(ttl), json.dumps(entry), keep])
         if outcome[0] == 2:
             return True, None
@@ -489,11 +544,12 @@ class MemorySessionStore:
             await self.touch(record["h"], [id_key, doc_prefix + record["h"]], ttl)
         return record, doc
 
-    def queue_load(self, trip: RoundTrip, id_key: str, doc_prefix: str, ttl: float, *, touch: bool) -> Loading:
-        return Loading(id_key, doc_prefix, ttl, touch)
+    def queue_load(self, trip: RoundTrip, loading: Loading) -> Loading:
+        return loading
 
-    async def loaded(self, loading: Loading) -> tuple[Document, Document] | None:
-        return await self.load(loading.id_key, loading.doc_prefix, loading.ttl, touch=loading.touch)
+    async def loaded(self, loading: Loading) -> Loaded | None:
+        found = await self.load(loading.id_key, loading.doc_prefix, loading.ttl, touch=True)
+        return Loaded(found, None) if found is not None else None  # no call recorded ahead: the handler records it
 
     async def record(
         self, key: str, log_key: str, entry: Document, keep: int, ttl: float, call: CallTimes, gate: Gate | None = None
@@ -512,12 +568,6 @@ class MemorySessionStore:
             self._append(log_key, entry, keep)
             return Recorded("recorded", doc)
 
-    def queue_record(self, trip: RoundTrip, planned: PlannedCall) -> Reply | None:
-        return None
-
-    async def recorded(self, planned: PlannedCall, reply: Reply | None) -> Recorded | None:
-        return None
-
     async def unrecord(self, planned: PlannedCall, handle: str, recorded: Recorded) -> None:
         return None
 
@@ -534,6 +584,7 @@ class MemorySessionStore:
             if current.get("v", 0) != version:
                 return False, current
             value["v"] = version + 1
+            value["rev"] = int(current.get("rev", 0)) + 1
             await self.put(key, value, ttl)
             self._append(log_key, entry, keep)
             return True, None
