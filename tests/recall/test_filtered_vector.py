@@ -225,10 +225,15 @@ async def test_exact_and_graph_plans_agree_and_stay_in_scope(
     await _broad(conn, monkeypatch)
     graph = await vector_search.nearest(conn, principal, flt, query, 4)
 
-    assert [i for i, _ in exact] == [i for i, _ in graph]
-    assert [round(sim, 5) for _, sim in exact] == [round(sim, 5) for _, sim in graph]
+    # The same rows with the same similarities, each list best first. Position by position
+    # only up to ties: two of these facts can land within float rounding of each other, and
+    # then either order is right (a clean-clone run saw ranks 3 and 4 swap between plans).
+    assert {i for i, _ in exact} == {i for i, _ in graph}
+    by_id = dict(graph)
+    assert all(by_id[i] == pytest.approx(sim, abs=1e-5) for i, sim in exact)
     assert theirs not in {i for i, _ in exact}
     assert {i for i, _ in exact} <= set(mine)
     assert exact[0][0] in (mine[0], mine[1], mine[4])
-    sims = [sim for _, sim in exact]
-    assert sims == sorted(sims, reverse=True)
+    for ranked in (exact, graph):
+        sims = [sim for _, sim in ranked]
+        assert sims == sorted(sims, reverse=True)
