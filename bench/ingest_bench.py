@@ -67,17 +67,7 @@ async def model_throughput(count: int, seed: int) -> list[list[str]]:
 
 
 async def remember_latency(target: Target, count: int, seed: int) -> list[float]:
-    memories = generate(count + WARMUP, seed=seed)
-    namespace = run_namespace("remember")
-    samples: list[float] = []
-    async with mcp_session(target) as session:
-        for i, memory in enumerate(memories):
-            ms, body = await timed_call(session, "remember", scoped(memory.fragment, namespace))
-            if not body.get("success"):
-                raise RuntimeError(f"remember failed: {body}")
-            if i >= WARMUP:
-                samples.append(ms)
-    return samples
+    return await remember_each(target, generate(count + WARMUP, seed=seed), run_namespace("remember"))
 
 
 async def async_throughput(target: Target, count: int, seed: int) -> tuple[float, int, int]:
@@ -193,7 +183,8 @@ async def model_on(batches: list[list[tuple[str | None, str]]]) -> tuple[float, 
     return count / wall, count / cpu
 
 
-async def remember_turns(target: Target, memories: list[Memory], namespace: str) -> list[float]:
+async def remember_each(target: Target, memories: list[Memory], namespace: str) -> list[float]:
+    """`remember` each memory in turn over one session; latencies after the first WARMUP."""
     samples: list[float] = []
     async with mcp_session(target) as session:
         for i, memory in enumerate(memories):
@@ -239,7 +230,7 @@ async def run_locomo(target: Target, data: Path, remember_count: int, count: int
           "of the whole private stack (services, Postgres, worker) beside the model's, robust to other load on the machine)")
     if remember_count:
         memories = locomo_memories(data, remember_count + WARMUP, "rem")
-        samples = await remember_turns(target, memories, run_namespace("locomo-remember"))
+        samples = await remember_each(target, memories, run_namespace("locomo-remember"))
         print_table(f"remember of single LoCoMo turns (sequential, one client; {texts_per_fragment(items_of(memories)):.2f} "
                     "texts embedded a turn)", LATENCY_HEADER, [latency_row("remember", samples)])
 

@@ -27,6 +27,7 @@ from typing import Any
 from bench.corpus import filtered_queries, generate, keyword_queries, text_queries
 from bench.harness import percentile
 from bench.locomo_rescore import NoEffects
+from bench.recall_bench import scope_query
 from bench.recall_load import loaded_ids
 from services.common.internal import ToolContext
 from services.recall.search import LAYER_DEPTH
@@ -105,9 +106,7 @@ async def run_recall(database_url: str, namespace: str, kind: str, count: int, s
     hits = 0
     try:
         for i, query in enumerate(queries):
-            arguments = {**query.arguments, "pageSize": 10, "tokenBudget": 4000}
-            if "workspace" in arguments:
-                arguments["workspace"] = f"{namespace}-{arguments['workspace']}"
+            arguments = scope_query(query, namespace)
             began = time.perf_counter()
             body, _ = await recall(res, ctx, arguments)
             if i >= WARMUP:

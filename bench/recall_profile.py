@@ -24,6 +24,7 @@ from redis.asyncio import Redis
 
 from bench.corpus import filtered_queries, generate, keyword_queries, text_queries
 from bench.harness import percentile
+from bench.recall_bench import scope_query
 from services.common.internal import ToolContext
 from services.recall import meta as meta_mod
 from services.recall import render, service
@@ -96,9 +97,7 @@ async def run(database_url: str, redis_url: str, namespace: str, kind: str, coun
     totals = []
     try:
         for i, query in enumerate(queries):
-            arguments = {**query.arguments, "pageSize": 10, "tokenBudget": 4000}
-            if "workspace" in arguments:
-                arguments["workspace"] = f"{namespace}-{arguments['workspace']}"
+            arguments = scope_query(query, namespace)
             began = time.perf_counter()
             await recall(res, ctx, arguments)
             if i == WARMUP - 1:
