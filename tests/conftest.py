@@ -36,3 +36,22 @@ def mcp_url(stack: Stack) -> str:
 @pytest.fixture(scope="session")
 def master_key(stack: Stack) -> str:
     return stack.master_key
+
+
+# A failed test against the stack carries the tail of the worker's and supervisor's logs in its
+# report: a clean-clone CI run keeps nothing else of the stack (its temp dir is removed).
+STACK_LOGS = ("worker.log", "supervisor.log")
+LOG_TAIL_LINES = 40
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    report = yield
+    running = getattr(item, "funcargs", {}).get("stack")
+    if report.failed and call.when == "call" and isinstance(running, Stack):
+        for name in STACK_LOGS:
+            path = running.log_dir / name
+            if path.exists():
+                tail = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+                report.sections.append((f"stack {name} (last {LOG_TAIL_LINES} lines)", "\n".join(tail)))
+    return report

@@ -209,8 +209,8 @@ async def vector_candidates(
             ORDER BY f.embedding <=> {vec}
             LIMIT {params.add(limit)}
         )
-        SELECT id, distance FROM nearest ORDER BY distance
-    """
+        SELECT id, distance FROM nearest ORDER BY distance + 0
+    """  # + 0: a re-sort of the relaxed order Postgres 17+ would skip (vector_search._graph)
     rows = await conn.fetch(sql, *params.values)
     return [(r["id"], 1.0 - float(r["distance"])) for r in rows]
 

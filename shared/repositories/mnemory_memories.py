@@ -104,7 +104,9 @@ async def search(
         """,
         *params.values,
     )
-    return [(r, float(r["score"])) for r in rows if float(r["score"]) >= min_score]
+    # The iterative scan's relaxed order is only roughly best first: sort what it found.
+    scored = sorted(((r, float(r["score"])) for r in rows), key=lambda pair: -pair[1])
+    return [(r, score) for r, score in scored if score >= min_score]
 
 
 async def list_memories(
