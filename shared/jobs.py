@@ -38,6 +38,19 @@ JOBS_SENT = Counter("engram_jobs_enqueued_total", "Background jobs enqueued", ["
 
 QUEUE_MAINTENANCE = "maintenance"
 QUEUE_BATCH = "batch"
+# Bulk background work goes to the batch queue: batch_remember's chunks, and the graph links of
+# every write. A large import records one link job per batch of fragments (~5 s each for 768
+# at 2 cores), dozens in a row; on the maintenance queue they held a check or a consolidation
+# asked for through the API behind them for minutes (a clean-clone CI run's /api/fsck waited
+# past 180 s). kombu's Redis transport serves a worker's queues round robin (the queue a
+# message came from moves to the back), so the two queues take turns.
+LINK_TASK = "maintenance.link_new_fragments"
+TASK_QUEUES = {LINK_TASK: QUEUE_BATCH}
+
+
+def queue_of(task: str) -> str:
+    """The queue a task is sent to when its sender does not name one."""
+    return TASK_QUEUES.get(task, QUEUE_MAINTENANCE)
 
 
 # Connect and read timeout of one send. Measured against a listener that accepts and never
@@ -86,12 +99,12 @@ def send_outbox_jobs(client: Celery, jobs: list[OutboxJob]) -> int:
     return len(jobs)
 
 
-def send_job(client: Celery, task: str, kwargs: dict[str, Any] | None = None, *, queue: str = QUEUE_MAINTENANCE) -> bool:
+def send_job(client: Celery, task: str, kwargs: dict[str, Any] | None = None, *, queue: str | None = None) -> bool:
     """The direct send, for a sender with no transaction to record the job in (its row is
     committed already, or it has none): one try, within SEND_TIMEOUT_S on a producer client.
     False when the broker refused it; the caller says what happens to the job then."""
     try:
-        client.send_task(task, kwargs=kwargs or {}, queue=queue, headers=inject_headers({}), retry=False)
+        client.send_task(task, kwargs=kwargs or {}, queue=queue or queue_of(task), headers=inject_headers({}), retry=False)
     except BROKER_ERRORS:
         logger.warning("could not enqueue %s", task, exc_info=True)
         JOBS_SENT.labels(task, "failed").inc()
@@ -118,15 +131,15 @@ class JobBuffer:
     jobs: list[Job] = field(default_factory=list)
     recorded: int = 0
 
-    def add(self, task: str, queue: str = QUEUE_MAINTENANCE, **kwargs: Any) -> None:
-        self.jobs.append(Job(task, kwargs, queue))
+    def add(self, task: str, queue: str | None = None, **kwargs: Any) -> None:
+        self.jobs.append(Job(task, kwargs, queue or queue_of(task)))
 
-    async def record(self, conn: asyncpg.Connection, task: str, queue: str = QUEUE_MAINTENANCE, **kwargs: Any) -> None:
+    async def record(self, conn: asyncpg.Connection, task: str, queue: str | None = None, **kwargs: Any) -> None:
         """Inside the write's transaction: the job commits or rolls back with the write."""
         if self.outbox is None:
             self.add(task, queue, **kwargs)
             return
-        await outbox_repo.insert(conn, self.outbox, task, queue, kwargs, inject_headers({}))
+        await outbox_repo.insert(conn, self.outbox, task, queue or queue_of(task), kwargs, inject_headers({}))
         self.recorded += 1
 
     def send(self, client: Celery | None) -> list[Job]:
