@@ -60,3 +60,26 @@ async def test_the_correlation_id_reaches_the_service(stack: Stack) -> None:
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"no recall log line under cid={cid}")
+
+
+async def test_a_replica_that_takes_the_call_and_never_answers_is_unavailable(stack: Stack) -> None:
+    """Past the read timeout the call fails as Unavailable, without going on to the next
+    replica: the hung one may have done the write, and a second try elsewhere would do it twice."""
+    taken: list[bytes] = []
+
+    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        taken.append(await reader.read(65536))
+        await asyncio.sleep(30)
+        writer.close()
+
+    hung = await asyncio.start_server(swallow, "127.0.0.1", 0)
+    port = hung.sockets[0].getsockname()[1]
+    try:
+        replicas = {"ingest": [f"http://127.0.0.1:{port}", stack.ingest_url]}
+        async with InternalClient(replicas, stack.service_token, 1.0) as client:
+            with pytest.raises(Unavailable, match="ingest service unavailable"):
+                await client.call("ingest", "remember", {"content": unique("x"), "topic": "t", "type": "fact"}, Principal.master(), None)
+            # Had it gone on to the live replica after the timeout, the call would have succeeded.
+            assert taken and b"POST /v1/tools/remember" in taken[0]
+    finally:
+        hung.close()

@@ -9,20 +9,24 @@ the connection is skipped. Anything that means "the service did not answer" (no 
 reachable, a timeout or reset after the request went out, a reply that is not ours) is
 `Unavailable`, which every surface turns into a 503 / a retry.
 
-httpx2 (the MCP SDK's client) rather than httpx: httpcore 1.x tries `import sniffio` on every
-request, a failed import when sniffio is absent; measured 0.9 vs 1.4 ms of client CPU per
-call (bench/gateway_bench.py's direct case, same machine, same moment)."""
+aiohttp rather than httpx / httpx2: its request and response are parsed by compiled code
+(multidict, yarl, the C HTTP parser), where httpx2 walks every header through
+httpcore2 and h11 in Python. One POST of a forwarded tool call to a local JSON echo cost the
+client 230-290 us of CPU against 760-950 us with httpx2, interleaved in the same minutes; on
+the gateway that was the largest single part of a forwarded call (bench/README.md, "The
+gateway's cost per call")."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 from collections.abc import Iterator
 from types import TracebackType
 from typing import Any, Literal
 
-import httpx2
+import aiohttp
 from cachetools import TTLCache
 from opentelemetry import trace
 
@@ -44,6 +48,12 @@ HEALTH_PROBE_SECONDS = 1.0
 # Probes every few seconds from each kubelet and load balancer are answered from one round of
 # replica probes per this interval.
 HEALTH_CACHE_SECONDS = 2.0
+# The request never reached a replica (refused, no route, the TCP connect timed out): the next
+# replica may take it. Anything else after the request went out fails the call.
+CONNECT_FAILED = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+CALL_FAILED = (aiohttp.ClientError, asyncio.TimeoutError)
+# Below uvicorn's --timeout-keep-alive default of 5 s.
+KEEPALIVE_SECONDS = 4.0
 # Per service: every replica answers "ok"; some do ("degraded"); none does ("down").
 ServiceStatus = Literal["ok", "degraded", "down"]
 
@@ -73,18 +83,36 @@ class InternalClient:
 
     def __init__(
         self, urls: dict[str, list[str]], service_token: str, timeout: float, *,
-        max_connections: int = 200, max_keepalive: int = 50,
+        max_connections: int = 200,
     ) -> None:
         self._urls = {name: [u.rstrip("/") for u in replicas] for name, replicas in urls.items()}
         self._cursor: dict[str, Iterator[int]] = {
             name: itertools.cycle(range(len(replicas))) for name, replicas in self._urls.items()
         }
         self._token = service_token
-        self.http = httpx2.AsyncClient(
-            timeout=httpx2.Timeout(timeout, connect=min(CONNECT_SECONDS, timeout)),
-            limits=httpx2.Limits(max_connections=max_connections, max_keepalive_connections=max_keepalive),
+        # As httpx's Timeout(timeout, connect=...): the TCP connect is bounded by CONNECT_SECONDS,
+        # a wait for a pooled connection and each read by `timeout`; the whole call is not.
+        self.timeout = aiohttp.ClientTimeout(
+            total=None, connect=timeout, sock_connect=min(CONNECT_SECONDS, timeout), sock_read=timeout
         )
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
         self._health: TTLCache[str, dict[str, Any]] = TTLCache(1, HEALTH_CACHE_SECONDS)
+
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        """The pooled session, made on first use inside the running event loop (aiohttp binds a
+        session to its loop; the worker's clients are made outside one)."""
+        if self._session is None:
+            # Idle connections are closed before the services' uvicorn drops them (its keep-alive
+            # is 5 s), so a call never goes out on a connection the server is closing.
+            connector = aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=KEEPALIVE_SECONDS)
+            self._session = aiohttp.ClientSession(
+                connector=connector, timeout=self.timeout, json_serialize=json.dumps,
+                # Upstream replies are small JSON; no cookies between internal services.
+                cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
+            )
+        return self._session
 
     @staticmethod
     def replicas(setting: str) -> list[str]:
@@ -118,19 +146,20 @@ class InternalClient:
         for attempt in range(len(urls)):
             url = urls[(start + attempt) % len(urls)]
             try:
-                response = await self.http.post(f"{url}/v1/tools/{tool}", json=payload, headers=headers)
-            except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
+                async with self.http.post(f"{url}/v1/tools/{tool}", json=payload, headers=headers) as response:
+                    status, raw = response.status, await response.read()
+            except CONNECT_FAILED as exc:
                 last_error = exc
                 logger.warning("%s replica %s unreachable", service, url)
                 continue
-            except httpx2.HTTPError as exc:  # a read timeout, a reset: the replica took the call and failed
+            except CALL_FAILED as exc:  # a read timeout, a reset: the replica took the call and failed
                 raise Unavailable(f"{service} service unavailable ({exc.__class__.__name__})") from exc
             try:
-                body = response.json()
+                body = json.loads(raw)
             except ValueError:  # not our JSON reply: a crash page, a proxy's error
-                logger.warning("%s replica %s answered HTTP %s without a JSON body", service, url, response.status_code)
-                raise Unavailable(f"{service} service error: HTTP {response.status_code}") from None
-            if response.status_code >= 400 or "error" in body:
+                logger.warning("%s replica %s answered HTTP %s without a JSON body", service, url, status)
+                raise Unavailable(f"{service} service error: HTTP {status}") from None
+            if status >= 400 or "error" in body:
                 raise _error_from(body)
             return body["result"], bool(body.get("isError"))
         reason = f" ({last_error.__class__.__name__})" if last_error is not None else ""
@@ -149,10 +178,11 @@ class InternalClient:
 
     async def _probe(self, service: str, url: str) -> dict[str, Any]:
         try:
-            response = await self.http.get(f"{url}/health", timeout=HEALTH_PROBE_SECONDS)
-        except httpx2.HTTPError as exc:
+            async with self.http.get(f"{url}/health", timeout=aiohttp.ClientTimeout(total=HEALTH_PROBE_SECONDS)) as response:
+                status = response.status
+        except CALL_FAILED as exc:
             return {"service": service, "status": "down", "error": exc.__class__.__name__}
-        return {"service": service, "status": "ok" if response.status_code == 200 else "degraded"}
+        return {"service": service, "status": "ok" if status == 200 else "degraded"}
 
     @staticmethod
     def service_status(report: dict[str, Any]) -> dict[str, ServiceStatus]:
@@ -168,7 +198,9 @@ class InternalClient:
         return status
 
     async def aclose(self) -> None:
-        await self.http.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     async def __aenter__(self) -> InternalClient:
         return self

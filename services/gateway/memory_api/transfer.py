@@ -14,14 +14,14 @@ import logging
 import uuid
 from typing import Any
 
+import aiohttp
 import anyio
-import httpx2
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from redis.exceptions import RedisError
 from starlette.background import BackgroundTask
 
-from services.common.rpc import SERVICE_TOKEN_HEADER
+from services.common.rpc import CALL_FAILED, CONNECT_FAILED, SERVICE_TOKEN_HEADER
 from services.gateway.core.caller import caller
 from services.gateway.core.state import gateway_state
 from services.gateway.memory_api.wire import error_response
@@ -50,17 +50,16 @@ async def export_store(request: Request) -> Response:
     last: Exception | None = None
     for url in upstreams.urls("recall"):
         try:
-            outgoing = upstreams.http.build_request("GET", f"{url}/v1/memory/export", headers=_headers(request))
-            reply = await upstreams.http.send(outgoing, stream=True)
-        except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
+            reply = await upstreams.http.get(f"{url}/v1/memory/export", headers=_headers(request))
+        except CONNECT_FAILED as exc:
             last = exc
             continue
-        except httpx2.HTTPError as exc:
+        except CALL_FAILED as exc:
             raise Unavailable(f"recall service unavailable ({exc.__class__.__name__})") from exc
-        if reply.status_code != 200:
-            await reply.aclose()
-            raise Unavailable(f"recall service error: HTTP {reply.status_code}")
-        return StreamingResponse(reply.aiter_raw(), media_type="application/json", background=BackgroundTask(reply.aclose))
+        if reply.status != 200:
+            reply.release()
+            raise Unavailable(f"recall service error: HTTP {reply.status}")
+        return StreamingResponse(reply.content.iter_any(), media_type="application/json", background=BackgroundTask(reply.release))
     raise Unavailable("recall service unavailable") from last
 
 
@@ -94,18 +93,20 @@ async def _import(request: Request, on_conflict: str) -> Response:
     upstreams = gateway_state(request).upstreams
     url = upstreams.urls("ingest")[0]
     try:
-        reply = await upstreams.http.post(
-            f"{url}/v1/memory/import", params={"onConflict": on_conflict}, content=request.stream(),
-            headers={**_headers(request), "content-type": "application/json"}, timeout=IMPORT_TIMEOUT_SECONDS,
-        )
-    except httpx2.HTTPError as exc:
+        async with upstreams.http.post(
+            f"{url}/v1/memory/import", params={"onConflict": on_conflict}, data=request.stream(),
+            headers={**_headers(request), "content-type": "application/json"},
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=upstreams.timeout.sock_connect, sock_read=IMPORT_TIMEOUT_SECONDS),
+        ) as reply:
+            status, raw = reply.status, await reply.read()
+    except CALL_FAILED as exc:
         raise Unavailable(f"ingest service unavailable ({exc.__class__.__name__})") from exc
     try:
-        body: Any = reply.json()
+        body: Any = json.loads(raw)
     except ValueError:
-        raise Unavailable(f"ingest service error: HTTP {reply.status_code}") from None
-    if reply.status_code != 200:
+        raise Unavailable(f"ingest service error: HTTP {status}") from None
+    if status != 200:
         if isinstance(body, dict) and "httpStatus" in body:
             return error_response(int(body["httpStatus"]), str(body["message"]))
-        raise Unavailable(f"ingest service error: HTTP {reply.status_code}")
+        raise Unavailable(f"ingest service error: HTTP {status}")
     return JSONResponse(body)
