@@ -77,6 +77,13 @@ class ReadResources:
         """The query's embedding (cached), computed off the event loop."""
         return await anyio.to_thread.run_sync(self._vector_of, text)
 
+    async def embed_queries(self, texts: list[str]) -> list[np.ndarray]:
+        """One text's embedding (cached), or several in one run of the model: two short
+        texts take about as long as one (4.7 vs 4.2 ms), one after the other 3-4 times that."""
+        if len(texts) == 1:
+            return [await self.embed_query(texts[0])]
+        return list(await anyio.to_thread.run_sync(self.embedder.embed, texts))
+
     async def scope_total(self, conn: asyncpg.Connection, ctx: ToolContext, flt: FragmentFilter, latest: int) -> int:
         """Fragments in the caller's filtered scope; reused while nothing new was stored in it
         (`latest` is the scope's newest seq) for up to SCOPE_TOTAL_TTL_S (deletions)."""
@@ -287,14 +294,16 @@ async def _search(
     cached_at = datetime.now(UTC)
     keywords = list(args.keywords or [])
     semantic_text = args.text or " ".join([*keywords, args.contextText or ""]).strip()
-    vector = asyncio.ensure_future(res.embed_query(semantic_text)) if semantic_text else None
+    # A question is embedded by layered_search, once it knows which of its words the whole
+    # scope shares (search.DENSE_STOP_SHARE); keywords and context text are embedded now.
+    vector = asyncio.ensure_future(res.embed_query(semantic_text)) if semantic_text and not args.text else None
     filter_only = not args.text and not keywords and not args.contextText
     corpus = FragmentFilter(workspace=flt.workspace, caller_session=flt.caller_session)
     scope_total = 0 if filter_only else await res.scope_total(conn, ctx, corpus, latest)
     outcome = await layered_search(
         conn, ctx.principal, flt,
         SearchRequest(text=args.text, keywords=keywords, vector=vector, semantic_label="L3" if args.text else "L3kw",
-                      threshold=args.threshold, filter_only=filter_only),
+                      threshold=args.threshold, filter_only=filter_only, embed=res.embed_queries if args.text else None),
         scope_total, res.df_cache, pool=res.pool,
     )
     hits = outcome.hits
