@@ -51,12 +51,14 @@ def validate_item(item: Any) -> str | None:
 def plan_items(res: WriteResources, ctx: ToolContext, args: BatchRememberArgs, results: list[Any]) -> Planned:
     """Validate and build every item; failures land in results[i], the rest are returned."""
     planned: Planned = []
+    screened_clean: set[tuple[str, str]] = set()  # Screening.clean, shared by the batch's items
     for i, item in enumerate(args.fragments):
         problem = validate_item(item)
         if problem is None:
             try:
                 parsed = RememberArgs.model_validate({**item, "agentId": item.get("agentId") or args.agentId})
-                planned.append((i, build_fragment(parsed, ctx, res.settings, args.workspace), parsed.idempotencyKey))
+                planned.append((i, build_fragment(parsed, ctx, res.settings, args.workspace, screened_clean),
+                                parsed.idempotencyKey))
                 continue
             except ValidationError as exc:
                 problem = problems(exc)[0]

@@ -149,19 +149,34 @@ class Screening:
     -32602 naming the field and the kinds) or redacted, per ENGRAM_SECRET_POLICY. Kinds
     redacted gather in `redacted` for the reply's secrets_redacted."""
 
-    def __init__(self, settings: IngestSettings) -> None:
+    def __init__(self, settings: IngestSettings, clean: set[tuple[str, str]] | None = None) -> None:
         self.policy = settings.secret_policy
         self.redacted: list[str] = []
+        # (field, text) pairs already screened clean under this policy, shared by the items
+        # of one batch: a batch's items repeat their topic, type, workspace and agentId, and
+        # each screen of a short text is ~30-50 us of regexes (a LoCoMo turn's content ~250);
+        # plan_items went 0.34 -> 0.22 ms a LoCoMo turn.
+        self.clean = clean
 
     def args(self, args: ArgsT, skip: frozenset[str] = frozenset()) -> ArgsT:
-        return screen_args(args, self.policy, self.redacted, skip)
+        if self.clean is None:
+            return screen_args(args, self.policy, self.redacted, skip)
+        texts = {name: value for name in type(args).model_fields if isinstance(value := getattr(args, name), str)}
+        known = frozenset(name for name, value in texts.items() if (name, value) in self.clean)
+        screened = screen_args(args, self.policy, self.redacted, skip | known)
+        # The field's text came back as given (not redacted, not refused): clean. Screening
+        # depends on the field's name (identifiers are refused, never redacted) and its text.
+        self.clean.update((name, value) for name, value in texts.items()
+                          if name not in skip and getattr(screened, name) is value)
+        return screened
 
 
 def build_fragment(
-    args: RememberArgs, ctx: ToolContext, settings: IngestSettings, batch_workspace: str | None = None
+    args: RememberArgs, ctx: ToolContext, settings: IngestSettings, batch_workspace: str | None = None,
+    screened_clean: set[tuple[str, str]] | None = None,
 ) -> frag.NewFragment:
     # Screen the full input before truncation: a secret across the 300-char cut is still one.
-    screening = Screening(settings)
+    screening = Screening(settings, screened_clean)
     args = screening.args(args)
     raw_content = args.content
     if frag.content_too_short(raw_content):
