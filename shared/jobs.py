@@ -46,11 +46,23 @@ QUEUE_BATCH = "batch"
 # message came from moves to the back), so the two queues take turns.
 LINK_TASK = "maintenance.link_new_fragments"
 TASK_QUEUES = {LINK_TASK: QUEUE_BATCH}
+# Taking turns only helps if a turn is short: a link job of a whole import batch (768 ids) took
+# ~5 s on a loaded CI machine, and a consolidation with four maintenance jobs ahead of it then
+# waited past memory_consolidate's 25 s. Link jobs carry at most this many fragment ids.
+LINK_CHUNK = 128
 
 
 def queue_of(task: str) -> str:
     """The queue a task is sent to when its sender does not name one."""
     return TASK_QUEUES.get(task, QUEUE_MAINTENANCE)
+
+
+def split_job(task: str, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+    """A job's kwargs as the jobs actually sent: a link job of many fragments in LINK_CHUNK pieces."""
+    ids = kwargs.get("fragment_ids")
+    if task != LINK_TASK or not isinstance(ids, list) or len(ids) <= LINK_CHUNK:
+        return [kwargs]
+    return [{**kwargs, "fragment_ids": ids[i : i + LINK_CHUNK]} for i in range(0, len(ids), LINK_CHUNK)]
 
 
 # Connect and read timeout of one send. Measured against a listener that accepts and never
@@ -132,15 +144,17 @@ class JobBuffer:
     recorded: int = 0
 
     def add(self, task: str, queue: str | None = None, **kwargs: Any) -> None:
-        self.jobs.append(Job(task, kwargs, queue or queue_of(task)))
+        self.jobs.extend(Job(task, piece, queue or queue_of(task)) for piece in split_job(task, kwargs))
 
     async def record(self, conn: asyncpg.Connection, task: str, queue: str | None = None, **kwargs: Any) -> None:
         """Inside the write's transaction: the job commits or rolls back with the write."""
         if self.outbox is None:
             self.add(task, queue, **kwargs)
             return
-        await outbox_repo.insert(conn, self.outbox, task, queue or queue_of(task), kwargs, inject_headers({}))
-        self.recorded += 1
+        headers = inject_headers({})
+        for piece in split_job(task, kwargs):
+            await outbox_repo.insert(conn, self.outbox, task, queue or queue_of(task), piece, headers)
+            self.recorded += 1
 
     def send(self, client: Celery | None) -> list[Job]:
         """Send every buffered job; return those that could not be sent."""
