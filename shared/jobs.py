@@ -48,8 +48,10 @@ LINK_TASK = "maintenance.link_new_fragments"
 TASK_QUEUES = {LINK_TASK: QUEUE_BATCH}
 # Taking turns only helps if a turn is short: a link job of a whole import batch (768 ids) took
 # ~5 s on a loaded CI machine, and a consolidation with four maintenance jobs ahead of it then
-# waited past memory_consolidate's 25 s. Link jobs carry at most this many fragment ids.
+# waited past memory_consolidate's 25 s. A task listed here is sent as jobs of at most this
+# many items of that list argument.
 LINK_CHUNK = 128
+TASK_PIECES = {LINK_TASK: ("fragment_ids", LINK_CHUNK)}
 
 
 def queue_of(task: str) -> str:
@@ -58,11 +60,12 @@ def queue_of(task: str) -> str:
 
 
 def split_job(task: str, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
-    """A job's kwargs as the jobs actually sent: a link job of many fragments in LINK_CHUNK pieces."""
-    ids = kwargs.get("fragment_ids")
-    if task != LINK_TASK or not isinstance(ids, list) or len(ids) <= LINK_CHUNK:
+    """A job's kwargs as the jobs actually sent: one job, or TASK_PIECES' pieces of its list."""
+    argument, size = TASK_PIECES.get(task, ("", 0))
+    items = kwargs.get(argument)
+    if not isinstance(items, list) or len(items) <= size:
         return [kwargs]
-    return [{**kwargs, "fragment_ids": ids[i : i + LINK_CHUNK]} for i in range(0, len(ids), LINK_CHUNK)]
+    return [{**kwargs, argument: items[i : i + size]} for i in range(0, len(items), size)]
 
 
 # Connect and read timeout of one send. Measured against a listener that accepts and never

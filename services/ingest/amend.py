@@ -15,7 +15,7 @@ from shared.domain import fragment as frag
 from shared.domain.errors import InvalidParams
 from shared.domain.keywords import merge_keywords
 from shared.domain.principal import Principal
-from shared.jobs import JobBuffer
+from shared.jobs import LINK_TASK, JobBuffer
 from shared.repositories import case_events as case_events_repo
 from shared.repositories import fragments as fragments_repo
 from shared.repositories import revisions as revisions_repo
@@ -136,7 +136,7 @@ async def amend(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, argument
             if "passage_embeddings" not in changes:  # same content: same passages
                 await fragments_repo.copy_passages(conn, row["id"], new.id)
             await revisions_repo.supersede(conn, principal, new.id, [row["id"]])
-            await jobs.record(conn, "maintenance.link_new_fragments", fragment_ids=[new.id])
+            await jobs.record(conn, LINK_TASK, fragment_ids=[new.id])
             result.update(id=new.id, superseded=row["id"])
         else:
             result["version"] = await revisions_repo.record_version(conn, row, principal.key_id)

@@ -18,7 +18,7 @@ from shared.domain import fragment as frag
 from shared.domain.errors import InvalidParams, Unavailable
 from shared.domain.principal import Principal
 from shared.domain.secrets import screen_value
-from shared.jobs import QUEUE_BATCH, JobBuffer
+from shared.jobs import LINK_TASK, QUEUE_BATCH, JobBuffer
 from shared.repositories import fragments as fragments_repo
 from shared.repositories import idempotency as idempotency_repo
 from shared.repositories.batch_jobs import new_job_id
@@ -174,7 +174,7 @@ async def store_batch(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, ar
             async with conn.transaction():
                 inserted = await _store(conn, principal, planned, results)
                 if inserted:
-                    await jobs.record(conn, "maintenance.link_new_fragments", fragment_ids=inserted)
+                    await jobs.record(conn, LINK_TASK, fragment_ids=inserted)
             if inserted:
                 await _refresh_statistics(conn, len(inserted))
         _with_redactions(results, planned)

@@ -25,7 +25,7 @@ from shared.domain import memory_banks as banks
 from shared.domain.memory_banks import MemoryApiError, not_found
 from shared.domain.principal import Principal
 from shared.domain.secrets import SecretFound, screen_value
-from shared.jobs import JobBuffer
+from shared.jobs import LINK_TASK, JobBuffer
 from shared.repositories import memory_entries as entries_repo
 from shared.repositories import namespaces as ns_repo
 from shared.repositories.fragments import content_morphemes, replace_passages
@@ -202,7 +202,7 @@ async def create_entry(res: WriteResources, ctx: ToolContext, args: dict[str, An
             raise MemoryApiError(403, f"fragment_limit_exceeded: this key holds its limit of {quota['limit']} fragments")
         await entries_repo.insert_entries(conn, [fragment], [namespace["id"]], [fields["metadata"]], [None])
         await ns_repo.touch(conn, [namespace["id"]])
-        await jobs.record(conn, "maintenance.link_new_fragments", fragment_ids=[fragment.id])
+        await jobs.record(conn, LINK_TASK, fragment_ids=[fragment.id])
         row = await entries_repo.get_entry(conn, ctx.principal.writes, namespace["id"], fragment.id)
     await _finish(res, ctx.principal, jobs)
     assert row is not None  # noqa: S101 - inserted in this transaction

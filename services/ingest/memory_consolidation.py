@@ -27,6 +27,7 @@ from services.ingest.service import WriteResources, after_commit, invalidate_rec
 from shared.domain import memory_banks as banks
 from shared.domain.memory_banks import MemoryApiError, not_found
 from shared.domain.principal import Principal
+from shared.jobs import LINK_TASK
 from shared.llm import LLMBudget, LLMClient, load_llm
 from shared.repositories import memory_consolidation as status_repo
 from shared.repositories import memory_entries as entries_repo
@@ -212,7 +213,7 @@ async def _replace_cluster(res: WriteResources, principal: Principal, namespace:
         await entries_repo.delete_entries(conn, principal.writes, namespace["id"], [r["id"] for r in cluster])
         await entries_repo.insert_entries(conn, [fragment], [namespace["id"]], [metadata or None], [None])
         await ns_repo.touch(conn, [namespace["id"]])
-        await jobs.record(conn, "maintenance.link_new_fragments", fragment_ids=[fragment.id])
+        await jobs.record(conn, LINK_TASK, fragment_ids=[fragment.id])
     await after_commit(res, jobs)
     await invalidate_recall_cache(res, principal)
 
@@ -304,7 +305,7 @@ async def extract(res: WriteResources, ctx: ToolContext, args: dict[str, Any]) -
         await entries_repo.insert_entries(conn, fragments, [namespace["id"]] * len(fragments), [None] * len(fragments),
                                           [None] * len(fragments))
         await ns_repo.touch(conn, [namespace["id"]])
-        await jobs.record(conn, "maintenance.link_new_fragments", fragment_ids=[f.id for f in fragments])
+        await jobs.record(conn, LINK_TASK, fragment_ids=[f.id for f in fragments])
     await after_commit(res, jobs)
     await invalidate_recall_cache(res, ctx.principal)
     return {"created": len(fresh), "updated": 0, "skipped": len(valid) - len(fresh)}

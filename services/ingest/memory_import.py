@@ -34,7 +34,7 @@ from shared.domain import memory_banks as banks
 from shared.domain.memory_banks import MemoryApiError
 from shared.domain.principal import Principal
 from shared.domain.secrets import SecretFound, screen_value
-from shared.jobs import JobBuffer
+from shared.jobs import LINK_TASK, JobBuffer
 from shared.read_routing import record_write_position
 from shared.repositories import memory_entries as entries_repo
 from shared.repositories import namespaces as ns_repo
@@ -242,7 +242,7 @@ class MemoryImport:
             return
         await self.res.embed_fragments(batch.fragments)
         await entries_repo.insert_entries(self.conn, batch.fragments, batch.namespaces, batch.metadata, batch.updated)
-        await self.jobs.record(self.conn, "maintenance.link_new_fragments", fragment_ids=[f.id for f in batch.fragments])
+        await self.jobs.record(self.conn, LINK_TASK, fragment_ids=[f.id for f in batch.fragments])
         self.summary["entriesImported"] += len(batch.fragments)
 
 

@@ -13,7 +13,7 @@ from shared.contract.write import ReflectArgs, RememberArgs
 from shared.domain import fragment as frag
 from shared.domain.errors import InvalidParams
 from shared.domain.reflection import CATEGORIES, REFLECT_TOPIC, narrative_from_summary, normalise_task_effectiveness
-from shared.jobs import JobBuffer
+from shared.jobs import LINK_TASK, JobBuffer
 from shared.repositories import reflections as reflections_repo
 from shared.repositories import task_feedback as task_feedback_repo
 
@@ -93,7 +93,7 @@ async def reflect(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, argume
     async with res.pool.acquire() as conn, conn.transaction():
         inserted = await batch._store(conn, principal, planned, results) if planned else []
         if inserted:
-            await jobs.record(conn, "maintenance.link_new_fragments", fragment_ids=inserted)
+            await jobs.record(conn, LINK_TASK, fragment_ids=inserted)
         if args.task_effectiveness is not None:
             task = normalise_task_effectiveness(args.task_effectiveness.model_dump())
             task_feedback_id = await task_feedback_repo.insert(conn, key_id=principal.key_id, session_id=session_id, task=task)

@@ -24,7 +24,7 @@ from shared.domain import policy
 from shared.domain.errors import PolicyViolation
 from shared.domain.principal import Principal
 from shared.domain.search import FragmentFilter
-from shared.jobs import JobBuffer
+from shared.jobs import LINK_TASK, JobBuffer
 from shared.repositories import fragments as fragments_repo
 from shared.repositories import idempotency as idempotency_repo
 from shared.repositories import links as links_repo
@@ -159,7 +159,7 @@ async def remember(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, argum
             await fragments_repo.insert_many(conn, [f])
             superseded = await revisions_repo.supersede(conn, principal, f.id, args.supersedes) if args.supersedes else []
             linked = await _link_to(conn, principal, f.id, args.linkedTo) if args.linkedTo else []
-            await jobs.record(conn, "maintenance.link_new_fragments", fragment_ids=[f.id])
+            await jobs.record(conn, LINK_TASK, fragment_ids=[f.id])
 
     result: dict[str, Any] = {
         "success": True,

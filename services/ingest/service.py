@@ -27,7 +27,7 @@ from shared.domain.secrets import screen_args
 from shared.embeddings import Embedder
 from shared.embeddings.model import pooled
 from shared.job_relay import Inline, OutboxRelay
-from shared.jobs import JobBuffer
+from shared.jobs import LINK_TASK, JobBuffer
 from shared.metrics import EMBED_BATCH, EMBED_SECONDS
 from shared.recall_cache import bump_recall_generation
 from shared.repositories import fragments as fragments_repo
@@ -221,7 +221,7 @@ async def _link_new_fragments(conn: asyncpg.Connection, kwargs: dict[str, Any]) 
 
 
 # Jobs ingest can run itself: without Redis, and in the relay while the broker is down.
-INLINE_JOBS: Inline = {"maintenance.link_new_fragments": _link_new_fragments}
+INLINE_JOBS: Inline = {LINK_TASK: _link_new_fragments}
 
 
 async def after_commit(res: WriteResources, jobs: JobBuffer) -> None:

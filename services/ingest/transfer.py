@@ -30,7 +30,7 @@ from shared.domain import fragment as frag
 from shared.domain.errors import InvalidParams, PermissionDenied
 from shared.domain.principal import Principal
 from shared.domain.secrets import SecretFound, find_secrets, secret_kinds
-from shared.jobs import JobBuffer
+from shared.jobs import LINK_TASK, JobBuffer
 from shared.repositories import fragment_transfer as transfer_repo
 from shared.repositories import fragments as fragments_repo
 
@@ -166,7 +166,7 @@ async def import_fragments(
         async with res.pool.acquire() as conn, conn.transaction():
             inserted = await _insert_isolated(conn, ctx.principal, fresh, results)
             if inserted:
-                await jobs.record(conn, "maintenance.link_new_fragments", fragment_ids=inserted)
+                await jobs.record(conn, LINK_TASK, fragment_ids=inserted)
         _with_redactions(results, fresh)
 
     final = [r for r in results if r is not None]

@@ -15,14 +15,14 @@ from services.maintenance import reflect, service
 from services.maintenance.celery_app import app, settings
 from services.maintenance.runtime import runtime
 from shared import job_relay
-from shared.jobs import broker_key, send_job, send_outbox_jobs
+from shared.jobs import LINK_TASK, broker_key, send_job, send_outbox_jobs
 
 # Lost connections and an unreachable ingest are worth retrying; a bug is not.
 RETRYABLE = (asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError)
 RETRY = {"retry_backoff": 5, "retry_backoff_max": 300, "retry_jitter": True, "max_retries": 3}
 
 
-@app.task(name="maintenance.link_new_fragments", autoretry_for=RETRYABLE, **RETRY)
+@app.task(name=LINK_TASK, autoretry_for=RETRYABLE, **RETRY)
 def link_new_fragments(fragment_ids: list[str]) -> int:
     return runtime().run(lambda pool: service.link_new_fragments(pool, fragment_ids))
 
