@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -32,6 +33,8 @@ ONNX_INT8_FILE = "all-MiniLM-L6-v2.int8.onnx"
 # OpenVINO: bf16 on AMX tiles wants more rows; 32 did 356-389, 16 and 64 312-353.
 DEFAULT_BATCH = {"onnx": 16, "onnx-int8": 16, "torch": 16, "openvino": 32}
 TOKENIZER_FILE = "tokenizer.json"
+# The one inference each OpenVINO lane runs at start-up (OpenVinoEmbedder).
+WARM_UP_TEXT = "warm-up"
 TORCH_WEIGHTS_FILE = "model.safetensors"
 # The bytes every backend loads, pinned: the export step (`python -m shared.embeddings.prepare`,
 # the `export` extra: torch 2.13.0 + transformers) writes the same ONNX graph byte for byte on
@@ -241,9 +244,16 @@ class OpenVinoEmbedder:
             # Unpinned: pinned, every lane's thread went to the same core and the lanes ran in turn.
             "ENABLE_CPU_PINNING": False,
         }
+        self.lanes = tuple(core.compile_model(model, "CPU", config).create_infer_request() for _ in range(lanes))
+        # Every lane runs one tiny inference, one lane after the other, before the service
+        # reports ready (the lifespan awaits this constructor): a freshly started ingest
+        # once hung in _pyopenvino on its first 200-turn batch, both lanes' first inference
+        # at once, /health unanswered until kill -9; it never recurred after one small call.
+        for request in self.lanes:
+            _token_sums(self._tokenizer, [WARM_UP_TEXT], 1, functools.partial(_first_output, request))
         self._requests: queue.SimpleQueue = queue.SimpleQueue()
-        for _ in range(lanes):
-            self._requests.put(core.compile_model(model, "CPU", config).create_infer_request())
+        for request in self.lanes:
+            self._requests.put(request)
         self.parallel_calls = lanes
         self._batch_size = batch_size
         self.dimensions = DIMENSIONS
@@ -262,6 +272,10 @@ class OpenVinoEmbedder:
             return _token_sums(self._tokenizer, texts, self._batch_size, lambda feeds: request.infer(feeds)[0])
         finally:
             self._requests.put(request)
+
+
+def _first_output(request: Any, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    return request.infer(feeds)[0]
 
 
 def native_bf16() -> bool:

@@ -100,3 +100,22 @@ def test_latency_embedder_gives_one_call_every_core(stack, tmp_path: Path, monke
     assert lanes.parallel_calls == 2 and latency.parallel_calls == 1
     assert load_embedder(settings.model_copy(update={"threads": 1}), latency=True).parallel_calls == 2
     assert np.allclose(latency.embed(TEXTS), lanes.embed(TEXTS), atol=2e-3)
+
+
+@pytest.mark.parametrize("latency", [False, True], ids=["ingest-lanes", "recall-latency"])
+def test_every_openvino_lane_has_run_an_inference_before_the_embedder_is_handed_over(
+    stack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, latency: bool
+) -> None:
+    """A freshly started ingest once hung in OpenVINO on its first batch (both lanes' first
+    inference at once); each lane now runs one at load, before the service answers /health
+    (the lifespan awaits load_embedder)."""
+    import shared.embeddings.model as model
+
+    monkeypatch.setattr(model, "available_cores", lambda: 2)  # two lanes on any machine
+    shutil.copy(stack.model_cache / ONNX_FILE, tmp_path / ONNX_FILE)
+    settings = EmbeddingSettings(EMBEDDING_CACHE_DIR=str(tmp_path), EMBEDDING_BACKEND="openvino")
+    embedder = load_embedder(settings, latency=latency).inner
+    assert isinstance(embedder, OpenVinoEmbedder)
+    assert len(embedder.lanes) == embedder.parallel_calls == (1 if latency else 2)
+    # OpenVINO's own record of a request's last inference: 0.0 until it has run one.
+    assert all(request.latency > 0 for request in embedder.lanes)
