@@ -40,6 +40,12 @@ RRF_K = 60
 
 LEXICAL_WEIGHT = 0.5
 SEMANTIC_WEIGHT = 0.5
+# The semantic feature is z-scored by its spread over the pool, but never by less than this
+# (cosine units). A pool of near-identical fragments (templated bulk rows: cosines 0.40-0.41,
+# sd ~0.005) made a few hundredths of cosine worth several standard deviations, and the one
+# fragment holding a unique keyword, its cosine 0.2 lower, lost ~20 z to them: a keyword
+# recall ranked it below the first page, under rows without the word.
+SEMANTIC_SD_FLOOR = 0.05
 NEIGHBOUR_WEIGHT = 0.3
 # A neighbouring turn's term counts and length enter a fragment's window BM25 at this weight;
 # the lexical feature mixes own and window BM25 (each divided by its pool maximum) this way.
@@ -141,8 +147,8 @@ def _index(at: dict[str, int], fid: str | None) -> int:
     return at.get(fid, -1) if fid else -1
 
 
-def _z(x: np.ndarray) -> np.ndarray:
-    sd = x.std()
+def _z(x: np.ndarray, floor: float = 0.0) -> np.ndarray:
+    sd = max(float(x.std()), floor)
     return (x - x.mean()) / (sd if sd > 1e-12 else 1.0)
 
 
@@ -177,7 +183,7 @@ def score(pool: Pool, idf: dict[str, float]) -> list[RankedHit]:
     cos = np.zeros(len(ids))
     if has_cos.any():
         raw = np.array([c or 0.0 for c in similarity])
-        cos[has_cos] = _z(raw[has_cos])
+        cos[has_cos] = _z(raw[has_cos], SEMANTIC_SD_FLOOR)
     base = LEXICAL_WEIGHT * lexical + SEMANTIC_WEIGHT * cos
     base0 = np.append(base, -np.inf)
     borrowed = np.maximum(np.maximum(base0[prev], base0[nxt]), 0.0)

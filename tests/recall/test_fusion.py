@@ -119,3 +119,12 @@ def test_a_turn_that_only_asks_yields_to_the_reply_that_answers() -> None:
     rows["ask"].asks = 1.0
     assert fusion.QUESTION_WEIGHT > 0
     assert [h.id for h in fusion.score(pool, idf)][0] == "reply"
+
+
+def test_a_bunched_semantic_pool_cannot_bury_the_one_lexical_match() -> None:
+    # Sixty templated rows whose cosines differ by hundredths, and the one fragment holding the
+    # keyword, less similar to it: a spread of 0.003 must not be worth the keyword.
+    rows = {f"bulk{i}": _row(f"bulk{i}", {}, 0.40 + 0.0002 * i) for i in range(60)}
+    rows["match"] = _row("match", {"okapi": 2}, 0.21)
+    pool = Pool({fid: {"L2"} if fid == "match" else {"L3"} for fid in rows}, rows, avgdl=10.0)
+    assert [h.id for h in fusion.score(pool, {"okapi": 7.4})][0] == "match"
