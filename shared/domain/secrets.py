@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel
 
 from shared.domain.errors import InvalidParams
-from shared.domain.secret_rules import extra_hits, plugin_hits
+from shared.domain.secret_rules import Anchored, extra_hits, plugin_hits
 
 SecretPolicy = Literal["reject", "redact"]
 
@@ -27,13 +27,18 @@ class SecretFinding:
     end: int
 
 
-def find_secrets(text: str) -> list[SecretFinding]:
-    """Every credential-shaped span in text, earliest first, overlaps merged."""
+def find_secrets(text: str, *, every_rule: bool = False) -> list[SecretFinding]:
+    """Every credential-shaped span in text, earliest first, overlaps merged. Only the rules
+    whose anchor the text has run (secret_rules.Anchored); `every_rule` runs all of them,
+    with the same findings (the anchors' test compares the two)."""
     if not text:
+        return []
+    anchored = None if every_rule else Anchored(text)
+    if anchored is not None and not anchored.any():
         return []
     # House rules first: on a tie (the same span) the more specific kind is kept, e.g.
     # slack_webhook over detect-secrets' slack_token for a webhook URL.
-    hits = [*extra_hits(text), *plugin_hits(text)]
+    hits = [*extra_hits(text, anchored), *plugin_hits(text, anchored)]
     order = sorted(range(len(hits)), key=lambda i: (hits[i].start, -(hits[i].end - hits[i].start), i))
     merged: list[SecretFinding] = []
     for i in order:
