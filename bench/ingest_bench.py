@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 from pathlib import Path
 
@@ -40,11 +41,12 @@ from bench.harness import (
     target_from,
     timed_call,
 )
-from bench.loading import BATCH, load, run_namespace, scoped
+from bench.loading import BATCH, _database_port, _proc_table, load, run_namespace, scoped
 from shared.domain import passages as passages_module
 from shared.embeddings.model import available_cores
 
 WARMUP = 10
+KINDS = ("ingest", "postgres", "gateway", "recall", "worker", "beat", "redis", "other")
 CORES = available_cores()
 
 
@@ -183,6 +185,42 @@ async def model_on(batches: list[list[tuple[str | None, str]]]) -> tuple[float, 
     return count / wall, count / cpu
 
 
+# What a process of the private stack is, by its command line (first match wins).
+_PROCESS_KINDS = (
+    ("services.ingest", "ingest"), ("services.gateway", "gateway"), ("services.recall", "recall"),
+    (" worker", "worker"), (" beat", "beat"), ("redis-server", "redis"), ("postgres", "postgres"),
+)
+
+
+def stack_cpu_by_process() -> dict[str, float]:
+    """CPU seconds so far of the processes bench.loading counts as the stack (below this
+    one, plus its Postgres and the backends), summed by what they are; {} without /proc."""
+    try:
+        parent, cpu, cmdline = _proc_table()
+    except OSError:
+        return {}
+
+    def below(root: int) -> set[int]:
+        out = set()
+        for pid in cpu:
+            ancestor = parent.get(pid)
+            while ancestor and ancestor != root:
+                ancestor = parent.get(ancestor)
+            if ancestor == root:
+                out.add(pid)
+        return out
+
+    mine = below(os.getpid())
+    port = _database_port(sorted(mine))
+    postgres = {pid for pid, cmd in cmdline.items() if port and "postgres" in cmd and f" -p {port} " in f"{cmd} "}
+    counted = mine | postgres | {pid for root in postgres for pid in below(root)}
+    out: dict[str, float] = {}
+    for pid in counted:
+        kind = next((name for marker, name in _PROCESS_KINDS if marker in cmdline[pid]), "other")
+        out[kind] = out.get(kind, 0.0) + cpu[pid]
+    return out
+
+
 async def remember_each(target: Target, memories: list[Memory], namespace: str) -> list[float]:
     """`remember` each memory in turn over one session; latencies after the first WARMUP."""
     samples: list[float] = []
@@ -200,7 +238,8 @@ async def run_locomo(target: Target, data: Path, remember_count: int, count: int
                      rounds: int) -> None:
     """Real conversation turns: the model alone and the write path, alternated `rounds`
     times in the same minutes, then remember latency."""
-    rows = []
+    rows: list[list[str]] = []
+    breakdown: list[list[str]] = []
     for r in range(rounds):
         for n, clients in enumerate(client_counts):
             namespace = run_namespace(f"locomo{clients}")
@@ -208,9 +247,14 @@ async def run_locomo(target: Target, data: Path, remember_count: int, count: int
             batches = items_of(memories, namespace)
             per_text = texts_per_fragment(batches)
             before, before_cpu = await model_on(batches)
+            by_process = stack_cpu_by_process()
             result = await load(target, memories, namespace, clients)
+            spent = stack_cpu_by_process()
             after, after_cpu = await model_on(batches)
             model, model_cpu = (before + after) / 2, (before_cpu + after_cpu) / 2
+            breakdown.append([f"{r}/{clients}", *(
+                f"{(spent.get(kind, 0.0) - by_process.get(kind, 0.0)) / len(memories) * 1000:.2f}" for kind in KINDS
+            ), f"{1000 / model_cpu:.2f}"])
             per_cpu = result.per_cpu_second
             batch_lat = latency_row("", result.batch_ms)
             rows.append([
@@ -225,6 +269,8 @@ async def run_locomo(target: Target, data: Path, remember_count: int, count: int
          "of model", "per stack CPU-s", "model per CPU-s", "of model (CPU)", "batch p50 ms", "batch p95 ms", "failed"],
         rows,
     )
+    print_table("stack CPU per turn by process during the load, ms (round/clients; model: the model alone's CPU per turn)",
+                ["round", *KINDS, "model alone"], breakdown)
     print("(model: the ingest service's embedding of exactly these turns alone in this process, before and after the "
           "load; of model: the write path's fragments/s over the model's mean; per CPU-s: fragments per CPU second "
           "of the whole private stack (services, Postgres, worker) beside the model's, robust to other load on the machine)")
