@@ -4,7 +4,7 @@ and fusion constants chosen leave-one-conversation-out.
     python -m bench.eval_locomo --url URL --key KEY --data locomo10.json --no-cleanup --save-ids ids.json
     python -m bench.locomo_rescore --database-url DSN --data locomo10.json --ids ids.json
                                    [--conversations conv-41,...] [--dev conv-26,conv-30]
-                                   [--grid fusion.NEIGHBOUR_WEIGHT=0.2,0.3,0.4]
+                                   [--set fusion.QA_WEIGHT=0] [--grid fusion.NEIGHBOUR_WEIGHT=0.2,0.3,0.4]
 
 The recall service's own `recall()` (this working tree's code) runs in this process against
 the stack's Postgres, with no L1 cache and no side effects (access counts and activation are
@@ -104,6 +104,11 @@ async def run(args: argparse.Namespace) -> int:
     )
     res = ReadResources(pool=pool, embedder=load_embedder(latency=True), tokens=TokenCounter(model_dir() / "tokenizer.json"),
                         settings=settings, effects=NoEffects())  # type: ignore[arg-type]
+    for fixed in args.set or []:
+        name, _, raw = fixed.partition("=")
+        module_name, _, attr = name.partition(".")
+        module = MODULES[module_name]
+        setattr(module, attr, type(getattr(module, attr))(raw))
     grid: list[tuple[str, Any]] = [("default", None)]
     target = None
     if args.grid:
@@ -151,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ids", required=True, help="bench.eval_locomo --save-ids output of the same stack")
     parser.add_argument("--conversations", help="comma-separated sample ids (default: all saved)")
     parser.add_argument("--dev", help="comma-separated sample ids also pooled apart from the rest (e.g. conv-26,conv-30)")
+    parser.add_argument("--set", action="append", help="NAME=value: a services.recall module constant fixed for the whole run (repeatable)")
     parser.add_argument("--grid", help="NAME=v1,v2,...: a services.recall module constant (fusion.X / search.X) to vary")
     return asyncio.run(run(parser.parse_args(argv)))
 
