@@ -7,7 +7,7 @@ from typing import Any
 from services.common.internal import ToolContext, parse_arguments
 from services.ingest.artifacts import purge_after_forget
 from services.ingest.feedback import attach_hint
-from services.ingest.service import WriteResources
+from services.ingest.service import RETRY_CONFLICTS, WriteResources
 from shared.contract.write import ForgetArgs
 from shared.domain.errors import InvalidParams
 from shared.repositories import fragments as fragments_repo
@@ -36,11 +36,14 @@ async def forget(res: WriteResources, ctx: ToolContext, arguments: dict[str, Any
                 "linkCount": sum(t["linkCount"] for t in targets),
                 "targets": targets,
             }, False
-        async with conn.transaction():
-            if args.id:
-                deleted, protected = await fragments_repo.delete_by_id(conn, ctx.principal, args.id, force=args.force)
-            else:
-                deleted, protected = await fragments_repo.delete_by_topic(conn, ctx.principal, args.topic or "", force=args.force)
+        async for attempt in RETRY_CONFLICTS.copy():
+            with attempt:
+                async with conn.transaction():
+                    if args.id:
+                        deleted, protected = await fragments_repo.delete_by_id(conn, ctx.principal, args.id, force=args.force)
+                    else:
+                        deleted, protected = await fragments_repo.delete_by_topic(
+                            conn, ctx.principal, args.topic or "", force=args.force)
     if deleted == 0 and protected:
         return {"success": True, "deleted": 0, "protected": protected, "reason": PROTECTED}, False
     if deleted == 0:

@@ -15,11 +15,17 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
-import tenacity
 from fastapi import Request
 
 from services.common.internal import ToolContext
-from services.ingest.service import WriteResources, after_commit, invalidate_recall_cache, lock_quota, resolve_workspace
+from services.ingest.service import (
+    RETRY_CONFLICTS,
+    WriteResources,
+    after_commit,
+    invalidate_recall_cache,
+    lock_quota,
+    resolve_workspace,
+)
 from shared.domain import fragment as frag
 from shared.domain import memory_banks as banks
 from shared.domain.memory_banks import MemoryApiError, not_found
@@ -32,16 +38,6 @@ from shared.repositories.fragments import content_morphemes, replace_passages
 
 Result = tuple[dict[str, Any], bool]
 Operation = Callable[[WriteResources, ToolContext, dict[str, Any]], Awaitable[Any]]
-
-
-# A write that deletes or re-homes many fragments can deadlock with the worker's link job,
-# which locks the same fragments' pending-link rows in its own order (seen: consolidating 500
-# entries right after importing them). Postgres aborts one side; each operation's transaction
-# rolled back whole, so it is run again, a few times, after a short random pause.
-RETRY_CONFLICTS = tenacity.AsyncRetrying(
-    retry=tenacity.retry_if_exception_type((asyncpg.DeadlockDetectedError, asyncpg.SerializationError)),
-    stop=tenacity.stop_after_attempt(4), wait=tenacity.wait_random(0.05, 0.5), reraise=True,
-)
 
 
 def memory_handler(operation: Operation) -> Callable[[Request, ToolContext, dict[str, Any]], Awaitable[Result]]:

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import anyio
 import asyncpg
 import numpy as np
+import tenacity
 from pydantic import BaseModel
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -44,6 +45,17 @@ ArgsT = TypeVar("ArgsT", bound=BaseModel)
 CONFLICT_SIMILARITY = 0.92
 TOO_SHORT = "Content too short: length < 10 and word count < 3"
 QUOTA_EXCEEDED = "fragment_limit_exceeded"
+
+
+# A write that deletes or re-homes fragments can deadlock with the worker's link job, which
+# locks the same fragments' rows in its own order (seen: consolidating 500 entries right after
+# importing them; forget by topic beside the link job of the fragments it deletes). Postgres
+# aborts one side and its transaction rolls back whole, so the transaction is run again, a few
+# times, after a short random pause. Use a copy per call: a Retrying object keeps its call's state.
+RETRY_CONFLICTS = tenacity.AsyncRetrying(
+    retry=tenacity.retry_if_exception_type((asyncpg.DeadlockDetectedError, asyncpg.SerializationError)),
+    stop=tenacity.stop_after_attempt(4), wait=tenacity.wait_random(0.05, 0.5), reraise=True,
+)
 
 
 # Texts per model call at most. Each call runs on one thread and up to
