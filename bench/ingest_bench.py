@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import time
 from pathlib import Path
 
@@ -41,7 +40,7 @@ from bench.harness import (
     target_from,
     timed_call,
 )
-from bench.loading import BATCH, _database_port, _proc_table, load, run_namespace, scoped
+from bench.loading import BATCH, load, run_namespace, scoped, stack_processes
 from shared.domain import passages as passages_module
 from shared.embeddings.model import available_cores
 
@@ -193,27 +192,12 @@ _PROCESS_KINDS = (
 
 
 def stack_cpu_by_process() -> dict[str, float]:
-    """CPU seconds so far of the processes bench.loading counts as the stack (below this
-    one, plus its Postgres and the backends), summed by what they are; {} without /proc."""
-    try:
-        parent, cpu, cmdline = _proc_table()
-    except OSError:
+    """CPU seconds so far of the processes bench.loading counts as the stack
+    (stack_processes), summed by what they are; {} where they cannot be found."""
+    found = stack_processes()
+    if found is None:
         return {}
-
-    def below(root: int) -> set[int]:
-        out = set()
-        for pid in cpu:
-            ancestor = parent.get(pid)
-            while ancestor and ancestor != root:
-                ancestor = parent.get(ancestor)
-            if ancestor == root:
-                out.add(pid)
-        return out
-
-    mine = below(os.getpid())
-    port = _database_port(sorted(mine))
-    postgres = {pid for pid, cmd in cmdline.items() if port and "postgres" in cmd and f" -p {port} " in f"{cmd} "}
-    counted = mine | postgres | {pid for root in postgres for pid in below(root)}
+    cpu, cmdline, counted = found
     out: dict[str, float] = {}
     for pid in counted:
         kind = next((name for marker, name in _PROCESS_KINDS if marker in cmdline[pid]), "other")

@@ -52,12 +52,12 @@ def _database_port(pids: list[int]) -> str | None:
     return None
 
 
-def descendants_cpu_seconds() -> float | None:
-    """CPU seconds (user + system) used so far by a private stack: every live process below
-    this one (services, worker) plus its Postgres (pg_ctl detaches the postmaster; found by
-    the port in the services' DATABASE_URL) and the postmaster's backends. On a machine
-    shared with other work, wall-clock rates swing with its load; the CPU a run costs does
-    not. None where /proc is missing or nothing runs below us (a stack given with --url)."""
+def stack_processes() -> tuple[dict[int, float], dict[int, str], set[int]] | None:
+    """A private stack's live processes: every process below this one (services, worker) plus
+    its Postgres (pg_ctl detaches the postmaster; found by the port in the services'
+    DATABASE_URL) and the postmaster's backends, as (CPU seconds by pid, command line by pid,
+    the stack's pids). None where /proc is missing or nothing runs below us (a stack given
+    with --url)."""
     try:
         parent, cpu, cmdline = _proc_table()
     except OSError:
@@ -78,7 +78,17 @@ def descendants_cpu_seconds() -> float | None:
         return None
     port = _database_port(mine)
     postgres = [pid for pid, cmd in cmdline.items() if port and "postgres" in cmd and f" -p {port} " in f"{cmd} "]
-    counted = set(mine) | set(postgres) | {pid for root in postgres for pid in below(root)}
+    return cpu, cmdline, set(mine) | set(postgres) | {pid for root in postgres for pid in below(root)}
+
+
+def descendants_cpu_seconds() -> float | None:
+    """CPU seconds (user + system) used so far by a private stack (stack_processes). On a
+    machine shared with other work, wall-clock rates swing with its load; the CPU a run costs
+    does not. None where the stack's processes cannot be found."""
+    found = stack_processes()
+    if found is None:
+        return None
+    cpu, _, counted = found
     return sum(cpu[pid] for pid in counted)
 
 
