@@ -6,8 +6,7 @@ answers comes first. The relevance floor still judges the whole question."""
 
 from __future__ import annotations
 
-import random
-
+from tests.recall.chat import small_talk_chat, store_chat
 from tests.support import Stack, call, create_api_key, mcp_session, unique
 
 SMALL_TALK = {
@@ -39,43 +38,25 @@ FACTS = [
 ]
 
 
-def _chat() -> list[str]:
-    """60 turns of small talk over ten evenings, three facts among them (66 turns)."""
-    rng = random.Random(7)
-    turns = []
-    for day in range(1, 11):
-        for k in range(6):
-            speaker = "John" if k % 2 else "Maria"
-            turns.append(f"[7:00 pm on {day} May, 2023] {speaker}: {rng.choice(SMALL_TALK[speaker])}")
-    for i, fact in enumerate(FACTS):
-        turns.insert(6 * (i + 2) + 1, f"[7:00 pm on {i + 2} May, 2023] {fact}")
-    return turns
-
-
 async def test_a_speaker_name_everywhere_does_not_steer_the_vector_layer(stack: Stack, mcp_url: str) -> None:
     key, _ = await create_api_key(stack.database_url)
     ws = unique()
-    turns = _chat()
+    # 60 turns of small talk over ten evenings, the three facts among them (63 turns).
+    turns = small_talk_chat(SMALL_TALK, 10, 7, [(6 * (i + 2) + 1, i + 2, fact) for i, fact in enumerate(FACTS)])
     async with mcp_session(mcp_url, key) as s:
-        reply = await call(s, "batch_remember", {
-            "workspace": ws, "fragments": [{"content": t, "topic": "chat", "type": "episode"} for t in turns],
-        })
-        ids = {t: r["id"] for t, r in zip(turns, reply["results"], strict=True)}
-
-        def answer(fact: str) -> str:
-            return next(fid for t, fid in ids.items() if t.endswith(fact))
+        ids = await store_chat(s, ws, turns)
 
         # Embedded whole, both questions came closest to Maria's small talk ("Take care, John!
         # Talk soon." and "Good to hear from you, John! What's new?" first).
         for question, fact in (("What pet does Maria have?", FACTS[1]), ("What fruit did Maria buy?", FACTS[0])):
             found = await call(s, "recall", {"text": question, "workspace": ws, "pageSize": 3})
             assert "dense:-1" in found["searchPath"], found["searchPath"]
-            assert found["fragments"][0]["id"] == answer(fact.split(": ", 1)[1]), (question, found["fragments"])
+            assert found["fragments"][0]["id"] == ids[fact], (question, found["fragments"])
 
         # A question with no word common to the scope is embedded as it is.
         plain = await call(s, "recall", {"text": "Who fixed the kitchen sink?", "workspace": ws, "pageSize": 3})
         assert "dense" not in plain["searchPath"]
-        assert plain["fragments"][0]["id"] == answer(FACTS[2].split(": ", 1)[1])
+        assert plain["fragments"][0]["id"] == ids[FACTS[2]]
 
         # The floor still judges the whole question: never stored, it is still "not found".
         never = await call(s, "recall", {"text": "Who composed the Goldberg Variations for Maria?", "workspace": ws})

@@ -5,9 +5,8 @@ repeating the question's words more often ("pottery class" twice) won on BM25 al
 
 from __future__ import annotations
 
-import random
-
 from services.recall.search import asks_when
+from tests.recall.chat import small_talk_chat, store_chat
 from tests.support import Stack, call, create_api_key, mcp_session, unique
 
 SMALL_TALK = {
@@ -31,19 +30,6 @@ OTHERS = [
 ]
 
 
-def _chat() -> list[str]:
-    """48 turns of small talk over eight evenings, the three pottery turns among them."""
-    rng = random.Random(11)
-    turns = []
-    for day in range(1, 9):
-        for k in range(6):
-            speaker = "John" if k % 2 else "Maria"
-            turns.append(f"[7:00 pm on {day} May, 2023] {speaker}: {rng.choice(SMALL_TALK[speaker])}")
-    for i, text in enumerate([OTHERS[0], ANSWER, OTHERS[1]]):
-        turns.insert(12 * (i + 1) + 1, f"[7:00 pm on {2 * i + 2} May, 2023] {text}")
-    return turns
-
-
 def test_which_questions_ask_when() -> None:
     for question in ("When did Maria go to the pottery class?", "when was the party", "How long ago did John move?",
                      "In which year did Maria start pottery?", "What month is the wedding?"):
@@ -57,12 +43,10 @@ def test_which_questions_ask_when() -> None:
 async def test_a_when_question_ranks_the_turn_that_says_when_first(stack: Stack, mcp_url: str) -> None:
     key, _ = await create_api_key(stack.database_url)
     ws = unique()
-    turns = _chat()
+    # 48 turns of small talk over eight evenings, the three pottery turns among them.
+    turns = small_talk_chat(SMALL_TALK, 8, 11, [(12 * (i + 1) + 1, 2 * i + 2, text) for i, text in enumerate([OTHERS[0], ANSWER, OTHERS[1]])])
     async with mcp_session(mcp_url, key) as s:
-        reply = await call(s, "batch_remember", {
-            "workspace": ws, "fragments": [{"content": t, "topic": "chat", "type": "episode"} for t in turns],
-        })
-        ids = {t.split("] ", 1)[1]: r["id"] for t, r in zip(turns, reply["results"], strict=True)}
+        ids = await store_chat(s, ws, turns)
 
         # Without the time bonus the first page opened with OTHERS[0] (BM25: "pottery class" twice).
         page = {"workspace": ws, "pageSize": 3, "tokenBudget": 4000}
