@@ -13,7 +13,17 @@ import asyncpg
 import numpy as np
 from cachetools import TTLCache
 
-from services.recall.fusion import RM3_FEEDBACK, RM3_RESCORE, Pool, PoolRow, expansion, feedback_weights, fuse_ranked_lists, score
+from services.recall.fusion import (
+    RM3_FEEDBACK,
+    RM3_RESCORE,
+    TIME_ANSWER_WEIGHT,
+    Pool,
+    PoolRow,
+    expansion,
+    feedback_weights,
+    fuse_ranked_lists,
+    score,
+)
 from shared.domain.keywords import korean_morphemes
 from shared.domain.principal import Principal
 from shared.domain.search import FragmentFilter, RankedHit
@@ -63,18 +73,8 @@ _POSSESSIVE = re.compile(r"['\u2019]s$")
 # 0.789 / 0.609 (without the whole question MRR fell below the baseline's 0.610 by 0.011).
 DENSE_ORIGINAL_MIX = 0.3
 # A question that asks when ("When did ...", "How long ago ...", "In which year ...") is
-# answered by a fragment that says when: in conversation that is a relative time ("last
-# week", "yesterday", "two years ago"); a session's own date is in every turn's lead, so the
-# lead's absolute date says nothing and months are not counted. Such a fragment gains
-# TIME_ANSWER_WEIGHT (the z scale of fusion.score) in the final ranking. LoCoMo, questions
-# asking when: 83% of their evidence turns among the top 10 say a relative time, 28% of the
-# other turns there. Ten conversations on one store, in process (bench.locomo_rescore), 0 ->
-# 1.0: unseen eight 0.793 / MRR 0.607 -> 0.800 / 0.614, conv-26 0.833 / 0.577 -> 0.839 / 0.580,
-# conv-30 0.830 / 0.637 -> 0.830 / 0.636 (its when-questions already found their turn), temporal
-# 0.832 -> 0.861, the other categories +-0.002; no conversation lower. Leave-one-conversation-out
-# over 0 / 0.5 / 1.0 / 1.5 / 2.0: 1.0 for nine held-out conversations, 1.5 for the tenth
-# (bench/README, "Retrieval on unseen conversations", fourth round).
-TIME_ANSWER_WEIGHT = 1.0
+# answered by a fragment that says when (fusion.TIME_ANSWER_WEIGHT): in conversation that is a
+# relative time ("last week", "yesterday", "two years ago").
 _ASKS_WHEN = re.compile(
     r"^\W*(when\s+(did|does|do|was|were|is|are|will|would|has|have|had|can|could|should)\b"
     r"|how\s+long\s+ago\b|(in\s+)?(what|which)\s+(year|month|week|day|date)\b)",
@@ -206,16 +206,6 @@ def _stems_to(word: str, lexemes: set[str]) -> bool:
 def asks_when(text: str | None) -> bool:
     """Whether the question asks for a time (TIME_ANSWER_WEIGHT)."""
     return bool(text and _ASKS_WHEN.search(text))
-
-
-def _says_when(hits: list[RankedHit], pool: Pool) -> list[RankedHit]:
-    """The ranking with TIME_ANSWER_WEIGHT added to each hit whose text says a relative time."""
-    for hit in hits:
-        row = pool.rows.get(hit.id)
-        if row is not None and any(row.tf.get(t) for t in TIME_LEXEMES):
-            hit.score += TIME_ANSWER_WEIGHT
-    hits.sort(key=lambda h: h.score, reverse=True)
-    return hits
 
 
 async def _nth(vectors: Awaitable[list[np.ndarray]], n: int) -> np.ndarray:
@@ -368,7 +358,7 @@ async def layered_search(
         prev, nxt = links.get(fid) or (None, None)
         pooled[fid] = PoolRow(r.id, r.tf, r.dl, r.cosine, r.importance, r.activation, r.age_days, prev, nxt,
                               passage_cosine=r.passage_cosine, names_label=not stats.idf.keys().isdisjoint(r.label_lexemes),
-                              asks=r.asks)
+                              asks=r.asks, says_when=when and any(r.tf.get(t) for t in TIME_LEXEMES))
     pool = Pool(candidates, pooled, avgdl)
     hits = score(pool, stats.idf)
     if whole is None or req.threshold is not None:
@@ -391,6 +381,5 @@ async def layered_search(
         hits = score(pool, {**stats.idf, **extra})
         path.append(f"RM3:{len(extra)}")
     if when:
-        hits = _says_when(hits, pool)
         path.append("when")
     return SearchOutcome(hits, path, via_graph, vector)
