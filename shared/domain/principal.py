@@ -102,6 +102,22 @@ def scope_clause(scope: TenantScope, params: SqlParams, alias: str | None = "f")
     return parts[0] if len(parts) == 1 else "(" + " OR ".join(parts) + ")"
 
 
+def scope_ranges(scope: TenantScope, params: SqlParams, alias: str = "f") -> list[str]:
+    """scope_clause as disjoint clauses whose OR is the same scope, each one range of an
+    index led by key_id (an OR of ranges is a bitmap scan, which reads the heap). Every
+    tenant is the rows without a key plus every key's, as one array of api_keys' ids: the
+    tables ranged this way reference api_keys, so no other key_id exists."""
+    column = f"{alias}.key_id"
+    if scope.everyone:
+        every_key = "ARRAY(SELECT k.id FROM api_keys k)"
+        return [f"{column} IS NULL", f"{column} = ANY({every_key})"]
+    keys = [k for k in scope.key_ids if k is not None]
+    ranges = [f"{column} = ANY({params.add(keys)}::text[])"] if keys else []
+    if None in scope.key_ids:
+        ranges.append(f"{column} IS NULL")
+    return ranges
+
+
 def same_tenant(a: str, b: str) -> str:
     """Rows `a` and `b` belong to one tenant: what every pairing of two rows (duplicates,
     contradictions, links) requires, so even an all-tenant run never pairs two keys' rows."""
@@ -113,3 +129,10 @@ def workspace_scope(workspace: str | None, params: SqlParams, alias: str = "f") 
     if workspace is None:
         return "TRUE"
     return f"({alias}.workspace = {params.add(workspace)} OR {alias}.workspace IS NULL)"
+
+
+def workspace_ranges(workspace: str | None, params: SqlParams, alias: str = "f") -> list[str]:
+    """workspace_scope as disjoint clauses (the workspace, then the global rows)."""
+    if workspace is None:
+        return ["TRUE"]
+    return [f"{alias}.workspace = {params.add(workspace)}", f"{alias}.workspace IS NULL"]

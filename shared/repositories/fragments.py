@@ -152,8 +152,15 @@ async def replace_passages(conn: asyncpg.Connection, items: list[tuple[str, Any]
 
 def filter_clauses(principal: Principal, flt: FragmentFilter, params: SqlParams, alias: str = "f") -> list[str]:
     """The WHERE clauses every layer shares: tenant, workspace, validity and the recall filters."""
+    scope = [scope_clause(principal.reads, params, alias), workspace_scope(flt.workspace, params, alias)]
+    return scope + narrowing_clauses(flt, params, alias)
+
+
+def narrowing_clauses(flt: FragmentFilter, params: SqlParams, alias: str = "f") -> list[str]:
+    """filter_clauses without the tenant and workspace scope: validity and the recall filters,
+    for a query that writes its scope as ranges (vector_search)."""
     a = alias
-    clauses = [scope_clause(principal.reads, params, a), workspace_scope(flt.workspace, params, a)]
+    clauses: list[str] = []
     if flt.as_of is not None:
         p = params.add(flt.as_of)
         clauses.append(f"{a}.valid_from <= {p} AND ({a}.valid_to IS NULL OR {a}.valid_to > {p})")

@@ -50,7 +50,8 @@ def _unit(v: np.ndarray) -> np.ndarray:
 
 
 async def _store(
-    conn: asyncpg.Connection, key_id: str, workspace: str | None, rows: list[tuple[str, float, np.ndarray]]
+    conn: asyncpg.Connection, key_id: str | None, workspace: str | None, rows: list[tuple[str, float, np.ndarray]],
+    topic: str = "vectors",
 ) -> list[str]:
     """Fragments straight through the repository's insert: (type, importance, vector) each."""
     fragments = []
@@ -58,7 +59,7 @@ async def _store(
         fid = f"frag-{uuid.uuid4().hex[:16]}"
         content = f"synthetic {fid}"
         fragments.append(NewFragment(
-            id=fid, content=content, topic="vectors", type=kind, keywords=[], importance=importance,
+            id=fid, content=content, topic=topic, type=kind, keywords=[], importance=importance,
             content_hash=hashlib.sha256(content.encode()).hexdigest(), embedding=vector,
             key_id=key_id, workspace=workspace, workspace_source="explicit" if workspace else "unscoped",
         ))
@@ -120,6 +121,24 @@ async def _scene(t: Tenants, seed: int) -> tuple[np.ndarray, dict[str, tuple[str
     foreign = await _store(t.conn, t.theirs, t.ws, [("fact", 0.9, query)])
     foreign += await _store(t.conn, t.theirs, None, [("fact", 0.9, query)])
     return query, rows, foreign
+
+
+async def _scope_reads(conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, query: np.ndarray, k: int) -> list[dict[str, Any]]:
+    """The executed scans of fragments inside the exact ranking (CTE scope), as plan nodes."""
+    sql, values = vector_search.nearest_statement(principal, flt, query, k)
+    plan = json.loads(await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", *values))[0]["Plan"]
+    reads: list[dict[str, Any]] = []
+
+    def walk(node: dict[str, Any], cte: str | None) -> None:
+        name = node.get("Subplan Name", "")
+        cte = name.removeprefix("CTE ") if name.startswith("CTE ") else cte
+        if cte == "scope" and node.get("Relation Name") == "fragments" and node.get("Actual Loops", 0) > 0:
+            reads.append(node)
+        for child in node.get("Plans", []):
+            walk(child, cte)
+
+    walk(plan, None)
+    return reads
 
 
 def _brute_force(
@@ -241,3 +260,45 @@ async def test_exact_and_graph_plans_agree_and_stay_in_scope(
     for ranked in (exact, graph):
         sims = [sim for _, sim in ranked]
         assert sims == sorted(sims, reverse=True)
+
+
+async def test_the_exact_scope_is_read_from_the_index_not_the_heap(tenants: Tenants) -> None:
+    """The exact ranking reads each (tenant, workspace) range of fragments_scope_vectors
+    index-only: the rows' embeddings come from the index, not one heap page per row. Written
+    as one OR of the workspace and its global rows, the scope would be a bitmap heap scan."""
+    query, rows, _ = await _scene(tenants, seed=6)
+    await tenants.conn.execute("VACUUM (ANALYZE) fragments")  # the visibility map an index-only scan trusts
+    flt = FragmentFilter(workspace=tenants.ws, types=("fact",), min_importance=0.4)
+    reads = await _scope_reads(tenants.conn, tenants.principal, flt, query, 5)
+
+    assert reads, "the exact ranking ran"
+    assert {(n["Node Type"], n.get("Index Name")) for n in reads} == {("Index Only Scan", "fragments_scope_vectors")}
+    assert sum(n["Actual Rows"] * n["Actual Loops"] for n in reads) == len(_brute_force(query, rows, "fact", 0.4, 99))
+    assert sum(n.get("Heap Fetches", 0) for n in reads) == 0
+    got = await vector_search.nearest(tenants.conn, tenants.principal, flt, query, 5)
+    assert [i for i, _ in got] == [i for i, _ in _brute_force(query, rows, "fact", 0.4, 5)]
+
+
+async def test_the_master_key_ranks_every_tenants_scope_exactly(tenants: Tenants, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The master key's scope is written as its own rows (no key) and every key's rows (one
+    array of api_keys' ids): together they are every row of the workspace and every global
+    row, whoever stored them, and each row once."""
+    query, rows, foreign = await _scene(tenants, seed=7)
+    topic = unique()
+    own = [("fact", 0.7, _unit(query + np.random.default_rng(8).normal(scale=0.05, size=DIM)))]
+    rows.update(zip(await _store(tenants.conn, None, tenants.ws, own, topic=topic), own, strict=True))
+    await tenants.conn.execute(
+        "UPDATE fragments SET topic = $1 WHERE id = ANY($2::text[])", topic, [*rows, *foreign]
+    )
+    rows.update({fid: ("fact", 0.9, query) for fid in foreign})  # the other tenant's copies of the query
+    # The topic keeps the suite's other global rows out of the answer; the scope count does not
+    # read topics, so the floor keeps every scope exact.
+    monkeypatch.setattr(vector_search, "EXACT_SCOPE_FLOOR", 10**9)
+    flt = FragmentFilter(workspace=tenants.ws, types=("fact",), topic=topic)
+    got = await vector_search.nearest(tenants.conn, Principal.master(), flt, query, 20)
+
+    assert await _executed(tenants.conn, Principal.master(), flt, query, 20) == {"exact"}
+    want = _brute_force(query, rows, "fact", 0.0, 20)
+    assert len(want) == 12 + 3 + 2 + 1  # the caller's facts, its global ones, the other tenant's two, the master's own
+    assert sorted(i for i, _ in got) == sorted(i for i, _ in want)
+    assert [round(s, 4) for _, s in got] == [round(s, 4) for _, s in want]
