@@ -267,14 +267,16 @@ async def test_the_exact_scope_is_read_from_the_index_not_the_heap(tenants: Tena
     index-only: the rows' embeddings come from the index, not one heap page per row. Written
     as one OR of the workspace and its global rows, the scope would be a bitmap heap scan."""
     query, rows, _ = await _scene(tenants, seed=6)
-    await tenants.conn.execute("VACUUM (ANALYZE) fragments")  # the visibility map an index-only scan trusts
+    # The visibility map the planner costs an index-only scan by. Whether VACUUM can mark these
+    # pages all-visible depends on the suite's other open transactions (a clean-clone run
+    # fetched all 13 rows from the heap), so the heap fetches are not asserted; the plan is.
+    await tenants.conn.execute("VACUUM (ANALYZE) fragments")
     flt = FragmentFilter(workspace=tenants.ws, types=("fact",), min_importance=0.4)
     reads = await _scope_reads(tenants.conn, tenants.principal, flt, query, 5)
 
     assert reads, "the exact ranking ran"
     assert {(n["Node Type"], n.get("Index Name")) for n in reads} == {("Index Only Scan", "fragments_scope_vectors")}
     assert sum(n["Actual Rows"] * n["Actual Loops"] for n in reads) == len(_brute_force(query, rows, "fact", 0.4, 99))
-    assert sum(n.get("Heap Fetches", 0) for n in reads) == 0
     got = await vector_search.nearest(tenants.conn, tenants.principal, flt, query, 5)
     assert [i for i, _ in got] == [i for i, _ in _brute_force(query, rows, "fact", 0.4, 5)]
 
