@@ -55,9 +55,7 @@ def _scope_counts(principal: Principal, flt: FragmentFilter, params: SqlParams) 
         base.append(f"f.type = ANY({params.add(list(flt.types))}::text[])")
     if flt.min_importance is not None:
         base.append(f"f.importance >= {params.add(flt.min_importance)}")
-    branches = [base]
-    if flt.workspace is not None:
-        branches = [[*base, f"f.workspace = {params.add(flt.workspace)}"], [*base, "f.workspace IS NULL"]]
+    branches = [[*base, workspace] for workspace in workspace_ranges(flt.workspace, params)]
     return [
         f"(SELECT count(*) FROM (SELECT 1 FROM fragments f WHERE {' AND '.join(b)} LIMIT (SELECT cap FROM t) + 1) s)"
         for b in branches
