@@ -161,12 +161,14 @@ async def test_a_selective_scope_is_ranked_exactly(tenants: Tenants) -> None:
 
 
 async def test_a_broad_scope_walks_the_index_and_still_fills_k(tenants: Tenants, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The nearer rows the filters exclude (4 decisions, 2 facts below 0.4, the other tenant's
+    two copies of the query itself) would take a post-filtered top 8 down to a few rows; with
+    the filters inside the scan 8 eligible rows come back, each with its true similarity, best
+    first. Which 8 of the 13 eligible is the graph's recall, not this code's: the 19 rows sit
+    in a table the whole suite has filled, and clean-clone runs found 6 of the true 8 twice,
+    at ef_search 80 and at 400, so only the clear best is pinned."""
     query, rows, foreign = await _scene(tenants, seed=2)
     await _broad(tenants.conn, monkeypatch)
-    # 19 rows in a table the whole suite has filled: at ef_search 80 the walk found 6 of the
-    # true 8 once in a clean-clone run. The test is about the filters inside the scan and the
-    # order of what it returns, not the graph's recall, so the walk is made wide.
-    await tenants.conn.execute("SET hnsw.ef_search = 400")
     flt = FragmentFilter(workspace=tenants.ws, types=("fact",), min_importance=0.4)
     got = await vector_search.nearest(tenants.conn, tenants.principal, flt, query, 8)
 
@@ -174,8 +176,8 @@ async def test_a_broad_scope_walks_the_index_and_still_fills_k(tenants: Tenants,
     want = _brute_force(query, rows, "fact", 0.4, 8)
     assert len(got) == 8  # the filters inside the scan: selective or not, k rows come back
     assert {i for i, _ in got} <= {i for i, (t, imp, _) in rows.items() if t == "fact" and imp >= 0.4}
+    assert all(sim == pytest.approx(float(np.dot(query, rows[i][2])), abs=1e-5) for i, sim in got)
     assert got[0][0] == want[0][0]
-    assert len({i for i, _ in got} & {i for i, _ in want}) >= 7  # approximate, on 19 well-spread rows
     sims = [s for _, s in got]
     assert sims == sorted(sims, reverse=True)
     assert not set(foreign) & {i for i, _ in got}
