@@ -232,19 +232,19 @@ async def run_locomo(target: Target, data: Path, remember_count: int, count: int
     times in the same minutes, then remember latency."""
     rows: list[list[str]] = []
     breakdown: list[list[str]] = []
-    model = embedding_work()
-    await model_on(model, items_of(locomo_memories(data, count, "warm"), run_namespace("warm")))  # one untimed pass
+    work = embedding_work()
+    await model_on(work, items_of(locomo_memories(data, count, "warm"), run_namespace("warm")))  # one untimed pass
     for r in range(rounds):
         for n, clients in enumerate(client_counts):
             namespace = run_namespace(f"locomo{clients}")
             memories = locomo_memories(data, count, f"r{r}n{n}c")
             batches = items_of(memories, namespace)
             per_text = texts_per_fragment(batches)
-            before, before_cpu = await model_on(model, batches)
+            before, before_cpu = await model_on(work, batches)
             by_process = stack_cpu_by_process()
             result = await load(target, memories, namespace, clients)
             spent = stack_cpu_by_process()
-            after, after_cpu = await model_on(model, batches)
+            after, after_cpu = await model_on(work, batches)
             model, model_cpu = (before + after) / 2, (before_cpu + after_cpu) / 2
             breakdown.append([f"{r}/{clients}", *(
                 f"{(spent.get(kind, 0.0) - by_process.get(kind, 0.0)) / len(memories) * 1000:.2f}" for kind in KINDS
