@@ -270,9 +270,24 @@ async def run_locomo(target: Target, data: Path, remember_count: int, count: int
           "of the whole private stack (services, Postgres, worker) beside the model's, robust to other load on the machine)")
     if remember_count:
         memories = locomo_memories(data, remember_count + WARMUP, "rem")
-        samples = await remember_each(target, memories, run_namespace("locomo-remember"))
+        namespace = run_namespace("locomo-remember")
+        samples = await remember_each(target, memories, namespace)
+        alone = await model_each(work, items_of(memories, namespace))
         print_table(f"remember of single LoCoMo turns (sequential, one client; {texts_per_fragment(items_of(memories)):.2f} "
-                    "texts embedded a turn)", LATENCY_HEADER, [latency_row("remember", samples)])
+                    "texts embedded a turn), and the model alone on each of those turns", LATENCY_HEADER,
+                    [latency_row("remember", samples), latency_row("model alone", alone)])
+
+
+async def model_each(work: Any, batches: list[list[tuple[str | None, str]]]) -> list[float]:
+    """The embedding work of each turn on its own, as remember runs it (a batch of one), in ms;
+    the floor under remember's latency. Latencies after the first WARMUP, like remember_each."""
+    samples: list[float] = []
+    for i, item in enumerate(item for batch in batches for item in batch):
+        began = time.perf_counter()
+        await work.embed_content([item])
+        if i >= WARMUP:
+            samples.append((time.perf_counter() - began) * 1000)
+    return samples
 
 
 def parse_clients(text: str) -> list[int]:
