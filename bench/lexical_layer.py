@@ -60,7 +60,7 @@ async def run(database_url: str, namespace: str, kind: str, count: int, seed: in
     saved: list[dict[str, Any]] = []
     try:
         async with pool.acquire() as conn:
-            total = await retrieval.count_in_scope(conn, principal, FragmentFilter())
+            total = (await retrieval.count_in_scope(conn, principal, FragmentFilter())).rows
             for i, query in enumerate(queries):
                 flt = _filter(query.arguments, namespace)
                 text = query.arguments.get("text") or " ".join(query.arguments.get("keywords", []))

@@ -85,15 +85,17 @@ class ReadResources:
         return list(await anyio.to_thread.run_sync(self.embedder.embed, texts))
 
     async def scope_total(self, conn: asyncpg.Connection, ctx: ToolContext, flt: FragmentFilter, latest: int) -> int:
-        """Fragments in the caller's filtered scope; reused while nothing new was stored in it
-        (`latest` is the scope's newest seq) for up to SCOPE_TOTAL_TTL_S (deletions)."""
-        key = json.dumps([ctx.principal.key_id, ctx.principal.visible_key_ids, flt.__dict__, latest], default=str, sort_keys=True)
-        cached = self._totals.get(key)
+        """Fragments in the caller's filtered scope, reused for up to SCOPE_TOTAL_TTL_S
+        (deletions): an exact count while nothing new was stored in the scope (`latest` is
+        its newest seq), a large scope's estimate whatever was stored since (a write moves
+        it by one in more than retrieval.SCOPE_COUNT_CAP)."""
+        scope = json.dumps([ctx.principal.key_id, ctx.principal.visible_key_ids, flt.__dict__], default=str, sort_keys=True)
+        cached = self._totals.get(f"{scope} ~") or self._totals.get(f"{scope} {latest}")
         if cached is not None:
             return cached
-        total = await retrieval.count_in_scope(conn, ctx.principal, flt)
-        self._totals[key] = total
-        return total
+        counted = await retrieval.count_in_scope(conn, ctx.principal, flt)
+        self._totals[f"{scope} {latest}" if counted.exact else f"{scope} ~"] = counted.rows
+        return counted.rows
 
 
 def build_filter(args: RecallArgs, ctx: ToolContext) -> FragmentFilter:

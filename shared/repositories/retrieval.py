@@ -24,6 +24,15 @@ BM25_B = 0.4
 # A term in more rows than this is counted as this many: its IDF is near zero anyway, and
 # counting stops early instead of walking a huge posting list.
 DF_CAP = 5000
+# A scope's size (BM25's N) is counted exactly up to this many rows; a larger one is the
+# planner's estimate (count_in_scope). Above 2 x DF_CAP the size only sets N: the dense-stop
+# rule (search.DENSE_STOP_SHARE) leaves nothing out there, since document frequencies stop at
+# DF_CAP, and N's error moves every IDF by about log(estimate / rows). The growth bench's 1M
+# store (session 14, cold): the exact count of the master key's scope took 10.7 s and of a
+# 350k-row workspace 2.4 s, once per new filter and every SCOPE_TOTAL_TTL_S: the 2-4 s max of
+# every suite there since session 12. The planner's estimates of those two: 1,002,076 for
+# 1,002,068 rows and 349,457 for 350,483.
+SCOPE_COUNT_CAP = 2 * DF_CAP
 # Rows the candidate-generating terms may match in total: the rarest terms are taken until
 # their document frequencies add up to this (at least one). Common words still score, but do
 # not drag tens of thousands of rows of a 100k store through ranking for little IDF; a
@@ -203,10 +212,29 @@ async def bm25_candidates(
     return [(r["id"], float(r["score"])) for r in rows], avgdl
 
 
-async def count_in_scope(conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter) -> int:
+@dataclass(frozen=True)
+class ScopeCount:
+    """A scope's fragment count: `exact` below SCOPE_COUNT_CAP, else the planner's estimate."""
+
+    rows: int
+    exact: bool
+
+
+async def count_in_scope(conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter) -> ScopeCount:
+    """Fragments in the caller's filtered scope, counted up to SCOPE_COUNT_CAP; a scope at
+    the cap is the planner's row estimate of the same WHERE (no rows read), at least the cap.
+    The estimate is planned from this call's own values: a statement prepared afresh (asyncpg's
+    prepare() bypasses its cache) is planned custom, where a cached one turns generic after
+    five runs and would estimate any workspace as the average one."""
     params = SqlParams()
     where = " AND ".join(filter_clauses(principal, flt, params))
-    return int(await conn.fetchval(f"SELECT count(*) FROM fragments f WHERE {where}", *params.values))
+    rows = f"SELECT 1 FROM fragments f WHERE {where}"
+    counted = int(await conn.fetchval(f"SELECT count(*) FROM ({rows} LIMIT {SCOPE_COUNT_CAP}) s", *params.values))
+    if counted < SCOPE_COUNT_CAP:
+        return ScopeCount(counted, exact=True)
+    plan = await (await conn.prepare(f"EXPLAIN (FORMAT JSON) {rows}")).fetchval(*params.values)
+    estimate = int(json.loads(plan)[0]["Plan"]["Plan Rows"])
+    return ScopeCount(max(SCOPE_COUNT_CAP, estimate), exact=False)
 
 
 @dataclass
