@@ -53,8 +53,8 @@ async def test_a_scope_below_the_cap_is_counted_exactly(scope, monkeypatch: pyte
 
 
 async def test_a_scope_at_the_cap_is_the_planners_estimate(scope, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    """At the cap the count stops and the planner's estimate of the same scope stands in (here
-    it says 6 of the 12 rows; the exact count would say 12); eight runs in a row, past the
+    """At the cap the count stops and the planner's estimate of the same scope stands in (on the
+    suite's table it said 6 of these 12 rows in one run; the exact count says 12); eight runs in a row, past the
     five after which Postgres may plan a cached statement generic, all agree."""
     conn, principal, flt = scope
     monkeypatch.setattr(retrieval, "SCOPE_COUNT_CAP", 5)
