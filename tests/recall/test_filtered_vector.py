@@ -164,20 +164,19 @@ async def test_a_broad_scope_walks_the_index_and_still_fills_k(tenants: Tenants,
     """The nearer rows the filters exclude (4 decisions, 2 facts below 0.4, the other tenant's
     two copies of the query itself) would take a post-filtered top 8 down to a few rows; with
     the filters inside the scan 8 eligible rows come back, each with its true similarity, best
-    first. Which 8 of the 13 eligible is the graph's recall, not this code's: the 19 rows sit
-    in a table the whole suite has filled, and clean-clone runs found 6 of the true 8 twice,
-    at ef_search 80 and at 400, so only the clear best is pinned."""
+    first. Which 8 of the 13 eligible come back is the graph's recall, not this code's: the 19
+    random-direction rows sit in a graph of the suite's MiniLM embeddings, nearly orthogonal
+    to all of them, and clean-clone runs found 6 of the true 8 (at ef_search 80 and at 400)
+    and once missed even the clear best, so no particular row is pinned."""
     query, rows, foreign = await _scene(tenants, seed=2)
     await _broad(tenants.conn, monkeypatch)
     flt = FragmentFilter(workspace=tenants.ws, types=("fact",), min_importance=0.4)
     got = await vector_search.nearest(tenants.conn, tenants.principal, flt, query, 8)
 
     assert await _executed(tenants.conn, tenants.principal, flt, query, 8) == {"hnsw"}
-    want = _brute_force(query, rows, "fact", 0.4, 8)
     assert len(got) == 8  # the filters inside the scan: selective or not, k rows come back
     assert {i for i, _ in got} <= {i for i, (t, imp, _) in rows.items() if t == "fact" and imp >= 0.4}
     assert all(sim == pytest.approx(float(np.dot(query, rows[i][2])), abs=1e-5) for i, sim in got)
-    assert got[0][0] == want[0][0]
     sims = [s for _, s in got]
     assert sims == sorted(sims, reverse=True)
     assert not set(foreign) & {i for i, _ in got}
@@ -197,7 +196,10 @@ async def test_the_scope_is_counted_per_tenant_with_its_global_rows(tenants: Ten
     graph = await vector_search.nearest(tenants.conn, tenants.principal, flt, query, 4)
 
     assert [i for i, _ in exact] == [i for i, _ in _brute_force(query, rows, "fact", 0.0, 4)]
-    assert [i for i, _ in graph] == [i for i, _ in exact]
+    # which 4 the graph finds is its recall (see the broad-scope test); that they are the
+    # caller's facts, 4 of them, is the filter's
+    assert len(graph) == 4
+    assert {i for i, _ in graph} <= {i for i, (t, _, _) in rows.items() if t == "fact"}
     assert not set(foreign) & {i for i, _ in exact + graph}
 
 
