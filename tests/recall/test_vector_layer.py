@@ -234,3 +234,38 @@ async def test_best_passage_enters_the_layered_search(
         return scores[ids[0]] - sum(scores.values()) / len(scores)
 
     assert lead(with_passages) > lead(without) + 1e-6
+
+
+async def test_term_counts_are_the_postings_tf(stack: Stack, conn: asyncpg.Connection) -> None:
+    """retrieval.term_counts reads a pooled fragment's counts from its own search_tsv; they are
+    the counts its postings carry (what BM25 candidates were scored with), for every term,
+    after an amend rewrote both, and only for the terms asked."""
+    from tests.support import call, create_api_key, mcp_session
+
+    key, _ = await create_api_key(stack.database_url)
+    ws = unique()
+    async with mcp_session(stack.mcp_url, key) as s:
+        fid = (await call(s, "remember", {
+            "content": "Backups of the backup server back up the backups nightly; the restore drill restores them.",
+            "topic": "backup ops", "type": "procedure", "keywords": ["backup", "restore"], "workspace": ws}))["id"]
+        other = (await call(s, "remember", {"content": "The design review is on Thursday.", "topic": "design", "type": "fact", "workspace": ws}))["id"]
+
+    async def postings() -> dict[str, dict[str, int]]:
+        rows = await conn.fetch("SELECT fragment_id, term, tf FROM fragment_terms WHERE fragment_id = ANY($1::text[])", [fid, other])
+        out: dict[str, dict[str, int]] = {}
+        for r in rows:
+            out.setdefault(r["fragment_id"], {})[r["term"]] = r["tf"]
+        return out
+
+    want = await postings()
+    assert max(want[fid].values()) > 1  # a term counted more than once
+    every = sorted({t for counts in want.values() for t in counts})
+    assert await retrieval.term_counts(conn, [fid, other], every) == want
+    assert await retrieval.term_counts(conn, [fid, other], ["backup", "thursday", "absent"]) == {
+        fid: {"backup": want[fid]["backup"]}, other: {"thursday": want[other]["thursday"]}}
+
+    async with mcp_session(stack.mcp_url, key) as s:
+        await call(s, "amend", {"id": fid, "content": "Restore drills restore the restored restore point weekly."})
+    want = await postings()
+    assert want[fid]["restor"] > 1
+    assert await retrieval.term_counts(conn, [fid], sorted(want[fid])) == {fid: want[fid]}
