@@ -182,10 +182,16 @@ async def _feedback(
     return expansion(weights, await df_cache.lookup(conn, principal, corpus, list(weights)), scope_total)
 
 
+def dense_stop_possible(scope_total: int) -> bool:
+    """Whether any word can be in DENSE_STOP_SHARE of a scope this size: not in a scope too small
+    to judge, nor in one whose share is above what document frequencies count to (DF_CAP)."""
+    return scope_total >= DENSE_STOP_MIN_SCOPE and DENSE_STOP_SHARE * scope_total <= retrieval.DF_CAP
+
+
 def _dense_text(text: str, terms: list[str], dfs: dict[str, int], scope_total: int) -> str | None:
     """`text` without the words whose lexeme is in DENSE_STOP_SHARE of the scope, or None when
     no word goes or none of the query's other lexemes would be left."""
-    if scope_total < DENSE_STOP_MIN_SCOPE:
+    if not dense_stop_possible(scope_total):
         return None
     common = {t for t, df in dfs.items() if df >= DENSE_STOP_SHARE * scope_total}
     if not common or not set(terms) - common:
@@ -268,7 +274,13 @@ async def layered_search(
     dense = req
     whole: Awaitable[np.ndarray] | None = None  # the whole question's embedding, when the vector layer has another
     whole_task: asyncio.Future[float | None] | None = None
-    semantic_task = asyncio.ensure_future(_semantic(pool, principal, flt, req)) if pool is not None and req.embed is None else None
+    embed_late = req.embed if req.text and dense_stop_possible(scope_total) else None
+    if req.embed is not None and req.text and embed_late is None:
+        # No word can be left out of what the vector layer embeds (a large scope, or a tiny
+        # one): the question alone is embedded, and the model runs from the start, beside
+        # the document frequencies, instead of after them.
+        dense = replace(req, vector=asyncio.ensure_future(_nth(req.embed([req.text]), 0)), embed=None)
+    semantic_task = asyncio.ensure_future(_semantic(pool, principal, flt, dense)) if pool is not None and dense.embed is None else None
     try:
         lexical_text = req.text or " ".join(req.keywords)
         extras = _lexical_extras(req.text, req.keywords)
@@ -278,9 +290,9 @@ async def layered_search(
         corpus = FragmentFilter(workspace=flt.workspace, caller_session=flt.caller_session)
         terms = await retrieval.query_terms(conn, lexical_text, extras)
         dfs = await df_cache.lookup(conn, principal, corpus, terms)
-        if req.embed is not None and req.text:
+        if embed_late is not None and req.text:
             dense_text = _dense_text(req.text, terms, dfs, scope_total)
-            vectors = asyncio.ensure_future(req.embed([req.text] if dense_text is None else [req.text, dense_text]))
+            vectors = asyncio.ensure_future(embed_late([req.text] if dense_text is None else [req.text, dense_text]))
             dense = replace(req, vector=asyncio.ensure_future(_nth(vectors, 0)))
             if dense_text is not None:
                 whole = dense.vector
