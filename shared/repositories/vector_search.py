@@ -31,10 +31,14 @@ from shared.repositories.fragments import filter_clauses, narrowing_clauses
 # them costs less than HNSW's entry into the graph and it is exact.
 EXACT_SCOPE_FLOOR = 1000
 # How many scope rows an exact ranking may read per tuple the iterative scan would visit
-# (k * N / s): an HNSW tuple costs a graph step plus the same heap row, so more than one.
-# Both plans forced on each query of the bench's filtered suite at 100k rows (k = 60) cross
-# near 5k rows, 5000^2 ~ 4 * 60 * 100k (bench/README.md "Filtered recall at 1M").
-EXACT_WEIGHT = 4.0
+# (k * N / s): an HNSW tuple costs a graph step plus a heap row for the filters, random in a
+# heap far larger than shared buffers, while the exact ranking reads the covering index in
+# order (~1.1 us a row warm). 4 was chosen when the exact plan read the heap too (both plans
+# forced at 100k crossed near 5k rows); with the covering index, at 1M (k = 60), nearest()
+# over the filtered suite interleaved per query: 4 -> 16, p95 179 -> 95 and 113 -> 70 ms,
+# p99 277 -> 145 and 152 -> 80 (p50 23 -> 28, 29 -> 31); 16 against 40, p95 68 / 90; 8 / 16 / 24
+# in a slow stretch, p95 292 / 245 / 224 (bench/README.md, session 15). At 1M the cap is ~31k rows.
+EXACT_WEIGHT = 16.0
 
 
 def _exact_cap(limit: int) -> str:
