@@ -341,6 +341,10 @@ class MaintenanceSettings(CommonSettings):
     embedding_backfill_interval: timedelta = Field(timedelta(minutes=10), alias="EMBEDDING_BACKFILL_INTERVAL")
     # Beat's drain of the job outbox, for rows whose ingest process died before relaying them.
     outbox_relay_interval: timedelta = Field(timedelta(seconds=30), alias="ENGRAM_OUTBOX_RELAY_INTERVAL")
+    # VACUUM of the tables recall reads index-only (shared.repositories.maintenance.
+    # VISIBILITY_TABLES): recall's own row updates clear the visibility map without ever
+    # reaching autovacuum's dead-tuple threshold. 0 = off.
+    visibility_vacuum_interval: timedelta = Field(timedelta(minutes=10), alias="VISIBILITY_VACUUM_INTERVAL")
     # An open session idle this long is ended ("expired") and reflected by the sweep.
     session_idle_ttl: timedelta = Field(timedelta(hours=24), alias="SESSION_IDLE_TTL")
     # mnemory: FSCK_AUTO_INTERVAL hours, 0 = off; thresholds for what auto-fsck applies.

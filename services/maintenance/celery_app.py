@@ -32,6 +32,10 @@ def beat_schedule(s: MaintenanceSettings) -> dict[str, dict]:
         schedule["maintenance.embedding_backfill"] = {
             "task": "maintenance.embedding_backfill", "schedule": s.embedding_backfill_interval.total_seconds(),
         }
+    if s.visibility_vacuum_interval.total_seconds() > 0:
+        schedule["maintenance.visibility_vacuum"] = {
+            "task": "maintenance.visibility_vacuum", "schedule": s.visibility_vacuum_interval.total_seconds(),
+        }
     if s.fsck_auto_interval.total_seconds() > 0:
         schedule["maintenance.auto_fsck"] = {"task": "maintenance.auto_fsck", "schedule": s.fsck_auto_interval.total_seconds()}
     return schedule

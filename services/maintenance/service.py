@@ -44,6 +44,16 @@ async def link_sweep(pool: asyncpg.Pool) -> int:
     return await link_new_fragments(pool, ids)
 
 
+async def visibility_vacuum(pool: asyncpg.Pool) -> dict[str, dict[str, int]]:
+    """The tables recall reads index-only, vacuumed so their visibility map keeps up with the
+    updates recall itself makes (shared.repositories.maintenance.VISIBILITY_TABLES)."""
+    async with pool.acquire() as conn:
+        state = await runs_repo.vacuum_for_visibility(conn)
+    for table, pages in state.items():
+        logger.info("visibility vacuum: %s all-visible %s of %s pages", table, pages.get("all_visible"), pages.get("pages"))
+    return state
+
+
 async def _invalidate_recall_cache(rt: WorkerRuntime) -> None:
     """A cycle rewrites, merges and deletes fragments: cached recalls must not outlive it.
     (Recall also re-checks each cached fragment's updated_at; this drops whole entries.)"""

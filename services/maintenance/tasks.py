@@ -32,6 +32,11 @@ def link_sweep() -> int:
     return runtime().run(service.link_sweep)
 
 
+@app.task(name="maintenance.visibility_vacuum", autoretry_for=RETRYABLE, **RETRY)
+def visibility_vacuum() -> dict[str, dict[str, int]]:
+    return runtime().run(service.visibility_vacuum)
+
+
 @app.task(name="maintenance.consolidate", autoretry_for=RETRYABLE, **RETRY)
 def consolidate(run_id: int | None = None, tenant: str | None = None, stages: list[str] | None = None) -> dict[str, Any]:
     """run_id: a maintenance_runs row made by the caller (memory_consolidate); without it
