@@ -277,7 +277,7 @@ async def pool_rows(
     conn: asyncpg.Connection, principal: Principal, ids: list[str], terms: list[str], embedding: np.ndarray | None
 ) -> dict[str, PooledFragment]:
     """What ranking needs of each pooled fragment: length, cosine to the query, priors, and
-    the query terms' counts (as the postings count them: term_counts)."""
+    the query terms' counts (as the postings count them: _counts_of)."""
     if not ids:
         return {}
     params = SqlParams()
@@ -295,13 +295,13 @@ async def pool_rows(
                extract(epoch FROM now() - f.created_at) / 86400.0 AS age_days,
                CASE WHEN f.embedding IS NULL THEN NULL ELSE {cosine} END AS cosine,
                CASE WHEN f.embedding IS NULL THEN NULL ELSE {passage_cosine} END AS passage_cosine,
-               left(f.content, {max(LEAD_MAX + 1, QUESTION_TEXT_MAX)}) AS head
-        FROM fragments f WHERE f.id = ANY({id_list}::text[]) AND {scope}
+               left(f.content, {max(LEAD_MAX + 1, QUESTION_TEXT_MAX)}) AS head, c.lexemes, c.tfs
+        FROM fragments f {_counts_of(params.add(terms))} WHERE f.id = ANY({id_list}::text[]) AND {scope}
     """
     out = {}
     for r in await conn.fetch(sql, *params.values):
         out[r["id"]] = PooledFragment(
-            r["id"], {}, int(r["dl"]), None if r["cosine"] is None else float(r["cosine"]),
+            r["id"], _tf_of(r), int(r["dl"]), None if r["cosine"] is None else float(r["cosine"]),
             float(r["importance"]), float(r["ema_activation"]), float(r["age_days"]),
             None if r["passage_cosine"] is None else float(r["passage_cosine"]), label_of(r["head"]),
             asks=question_share(r["head"]),
@@ -309,9 +309,6 @@ async def pool_rows(
     lexemes = await label_lexemes(conn, {row.label for row in out.values() if row.label})
     for row in out.values():
         row.label_lexemes = lexemes.get(row.label, ())
-    # Only the rows the scope let through are asked for.
-    for fid, counts in (await term_counts(conn, list(out), terms)).items():
-        out[fid].tf = counts
     return out
 
 
@@ -319,31 +316,29 @@ def _counts(encoded: str) -> dict[str, int]:
     return {term: int(n) for term, n in json.loads(encoded).items()}
 
 
-# A fragment's count of a term, as its posting carries it (fragment_terms.tf, migration 0006):
-# the lexeme's positions in search_tsv, at least one.
-_TF = "greatest(coalesce(cardinality(u.positions), 1), 1)"
+def _counts_of(terms: str) -> str:
+    """A lateral join giving each fragment `f` its counts of the `terms` (a text[] parameter)
+    as lexemes and tfs, the postings' tf taken from its own search_tsv: the lexeme's positions,
+    at least one, as the fragment_terms triggers (migration 0006) write them from the same
+    search_tsv in the same transaction. Read with the row, instead of one probe of the
+    postings index per fragment (8 GB at 1M fragments, where those probes were 2-10 ms of a query)."""
+    return f"""CROSS JOIN LATERAL (
+            SELECT array_agg(u.lexeme) AS lexemes, array_agg(greatest(coalesce(cardinality(u.positions), 1), 1)) AS tfs
+            FROM unnest(f.search_tsv) u WHERE u.lexeme = ANY({terms}::text[])
+        ) c"""
+
+
+def _tf_of(row: asyncpg.Record) -> dict[str, int]:
+    return dict(zip(row["lexemes"], row["tfs"], strict=True)) if row["lexemes"] else {}
 
 
 async def term_counts(conn: asyncpg.Connection, ids: list[str], terms: list[str]) -> dict[str, dict[str, int]]:
-    """Counts of `terms` in fragments already read through the caller's scope (the pool),
-    the postings' tf taken from each fragment's own search_tsv: one primary-key read a
-    fragment instead of one probe of the postings index per fragment (8 GB at 1M fragments,
-    where those probes were 2-10 ms of a query). The postings are written from the same
-    search_tsv by the fragment_terms triggers, in the same transaction."""
+    """Counts of `terms` in fragments already read through the caller's scope (the pool), as
+    pool_rows reads them (_counts_of); fragments with none of the terms are left out."""
     if not ids or not terms:
         return {}
-    rows = await conn.fetch(
-        f"""
-        SELECT f.id, u.lexeme, {_TF} AS tf
-        FROM fragments f CROSS JOIN LATERAL unnest(f.search_tsv) u
-        WHERE f.id = ANY($1::text[]) AND u.lexeme = ANY($2::text[])
-        """,
-        ids, terms,
-    )
-    out: dict[str, dict[str, int]] = {}
-    for r in rows:
-        out.setdefault(r["id"], {})[r["lexeme"]] = int(r["tf"])
-    return out
+    rows = await conn.fetch(f"SELECT f.id, c.lexemes, c.tfs FROM fragments f {_counts_of('$2')} WHERE f.id = ANY($1::text[])", ids, terms)
+    return {r["id"]: _tf_of(r) for r in rows if r["lexemes"]}
 
 
 async def content_terms(conn: asyncpg.Connection, ids: list[str]) -> dict[str, dict[str, int]]:

@@ -242,7 +242,7 @@ async def test_term_counts_are_the_postings_tf(stack: Stack, conn: asyncpg.Conne
     after an amend rewrote both, and only for the terms asked."""
     from tests.support import call, create_api_key, mcp_session
 
-    key, _ = await create_api_key(stack.database_url)
+    key, key_id = await create_api_key(stack.database_url)
     ws = unique()
     async with mcp_session(stack.mcp_url, key) as s:
         fid = (await call(s, "remember", {
@@ -263,6 +263,11 @@ async def test_term_counts_are_the_postings_tf(stack: Stack, conn: asyncpg.Conne
     assert await retrieval.term_counts(conn, [fid, other], every) == want
     assert await retrieval.term_counts(conn, [fid, other], ["backup", "thursday", "absent"]) == {
         fid: {"backup": want[fid]["backup"]}, other: {"thursday": want[other]["thursday"]}}
+    # pool_rows reads the same counts with the rows it ranks
+    principal = Principal(key_id=key_id, visible_key_ids=(key_id,))
+    pooled = await retrieval.pool_rows(conn, principal, [fid, other], every, None)
+    assert {i: r.tf for i, r in pooled.items()} == want
+    assert (await retrieval.pool_rows(conn, principal, [fid], ["absent"], None))[fid].tf == {}
 
     async with mcp_session(stack.mcp_url, key) as s:
         await call(s, "amend", {"id": fid, "content": "Restore drills restore the restored restore point weekly."})
