@@ -341,8 +341,8 @@ class MaintenanceSettings(CommonSettings):
     embedding_backfill_interval: timedelta = Field(timedelta(minutes=10), alias="EMBEDDING_BACKFILL_INTERVAL")
     # Beat's drain of the job outbox, for rows whose ingest process died before relaying them.
     outbox_relay_interval: timedelta = Field(timedelta(seconds=30), alias="ENGRAM_OUTBOX_RELAY_INTERVAL")
-    # VACUUM of the tables recall reads index-only (shared.repositories.maintenance.
-    # VISIBILITY_TABLES): recall's own row updates clear the visibility map without ever
+    # VACUUM of fragments, which recall reads index-only (shared.repositories.maintenance.
+    # vacuum_for_visibility): recall's own row updates clear the visibility map without ever
     # reaching autovacuum's dead-tuple threshold. 0 = off.
     visibility_vacuum_interval: timedelta = Field(timedelta(minutes=10), alias="VISIBILITY_VACUUM_INTERVAL")
     # An open session idle this long is ended ("expired") and reflected by the sweep.

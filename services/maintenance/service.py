@@ -44,13 +44,12 @@ async def link_sweep(pool: asyncpg.Pool) -> int:
     return await link_new_fragments(pool, ids)
 
 
-async def visibility_vacuum(pool: asyncpg.Pool) -> dict[str, dict[str, int]]:
-    """The tables recall reads index-only, vacuumed so their visibility map keeps up with the
-    updates recall itself makes (shared.repositories.maintenance.VISIBILITY_TABLES)."""
+async def visibility_vacuum(pool: asyncpg.Pool) -> dict[str, int]:
+    """fragments vacuumed so its visibility map keeps up with the updates recall itself makes
+    (shared.repositories.maintenance.vacuum_for_visibility)."""
     async with pool.acquire() as conn:
         state = await runs_repo.vacuum_for_visibility(conn)
-    for table, pages in state.items():
-        logger.info("visibility vacuum: %s all-visible %s of %s pages", table, pages.get("all_visible"), pages.get("pages"))
+    logger.info("visibility vacuum: fragments all-visible %s of %s pages", state["all_visible"], state["pages"])
     return state
 
 

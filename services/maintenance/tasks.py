@@ -33,7 +33,7 @@ def link_sweep() -> int:
 
 
 @app.task(name="maintenance.visibility_vacuum", autoretry_for=RETRYABLE, **RETRY)
-def visibility_vacuum() -> dict[str, dict[str, int]]:
+def visibility_vacuum() -> dict[str, int]:
     return runtime().run(service.visibility_vacuum)
 
 

@@ -239,26 +239,17 @@ async def unreflected_sessions(conn: asyncpg.Connection, limit: int) -> list[asy
     )
 
 
-# The tables recall reads index-only, and what each index-only read needs from the
-# visibility map: fragments (the scope counts and the exact ranking's covering index,
-# fragments_scope_vectors). Every recall updates the rows it returns (activation, access
-# counts): HOT updates, pruned on the page, so dead tuples never add up to autovacuum's
-# threshold, while each one clears its page's all-visible bit, and an index-only scan then
-# reads that heap page for every row on it. At 1M fragments a few hundred recall passes left
-# 8.5% of the heap pages not all-visible (bench/README.md, session 15).
-VISIBILITY_TABLES = ("fragments",)
-
-
-async def vacuum_for_visibility(conn: asyncpg.Connection) -> dict[str, dict[str, int]]:
-    """VACUUM each of VISIBILITY_TABLES (outside a transaction; a table another VACUUM or a
-    lock holds is skipped until the next run), then each table's heap pages and how many of
-    them are all-visible, as VACUUM left pg_class. VACUUM reads only the pages the map does
-    not mark all-visible, so a run costs what the reads since the last one cleared."""
-    out: dict[str, dict[str, int]] = {}
-    for table in VISIBILITY_TABLES:
-        await conn.execute(f"VACUUM (SKIP_LOCKED) {table}")
-        row = await conn.fetchrow(
-            "SELECT relpages, relallvisible FROM pg_class WHERE oid = to_regclass($1)", table
-        )
-        out[table] = {"pages": int(row["relpages"]), "all_visible": int(row["relallvisible"])} if row else {}
-    return out
+# fragments is read index-only by recall (the scope counts and the exact ranking's covering
+# index, fragments_scope_vectors), which needs its visibility map. Every recall updates the
+# rows it returns (activation, access counts): HOT updates, pruned on the page, so dead tuples
+# never add up to autovacuum's threshold, while each one clears its page's all-visible bit, and
+# an index-only scan then reads that heap page for every row on it. At 1M fragments a few
+# hundred recall passes left 8.5% of the heap pages not all-visible (bench/README.md, session 15).
+async def vacuum_for_visibility(conn: asyncpg.Connection) -> dict[str, int]:
+    """VACUUM fragments (outside a transaction; skipped while another VACUUM or a lock holds
+    it, until the next run), then its heap pages and how many are all-visible, as VACUUM left
+    pg_class. VACUUM reads only the pages the map does not mark all-visible, so a run costs
+    what the reads since the last one cleared."""
+    await conn.execute("VACUUM (SKIP_LOCKED) fragments")
+    row = await conn.fetchrow("SELECT relpages, relallvisible FROM pg_class WHERE oid = 'fragments'::regclass")
+    return {"pages": int(row["relpages"]), "all_visible": int(row["relallvisible"])}
