@@ -21,6 +21,37 @@ SUPERUSER = "postgres"
 SYSTEM_USER = "embedded_postgres"
 
 
+# shared_buffers unless ENGRAM_PG_SHARED_BUFFERS gives one (a Postgres size, "8GB"): this share
+# of the memory the stack may use. Recall keeps the vector layer's pages hot (at 1M fragments
+# the HNSW graph is 2.0 GB, the covering scope index 2.7 GB, the heap its filters read 3.9 GB);
+# pages outside shared buffers come back from the OS cache at ~13 us each, and a cold HNSW walk
+# reads thousands. At 1M on a 24 GB machine, 2 GB -> 8 GB took the filtered suite's p95 through
+# MCP from 91-92 to 56-85 ms (bench/README.md, session 16). Postgres reserves it lazily, so a
+# small store does not pay for it. Postgres' guidance: 25% of RAM, rarely above 40%.
+SHARED_BUFFERS_SHARE = 1 / 3
+# effective_cache_size (the planner's idea of shared buffers + OS cache): this share.
+CACHE_SHARE = 3 / 4
+
+
+def memory_bytes() -> int:
+    """The memory this process may use: the machine's, or its cgroup's limit when lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+    except OSError:
+        return total
+    return min(total, int(limit)) if limit.isdigit() else total
+
+
+def memory_settings() -> dict[str, str]:
+    """shared_buffers and effective_cache_size for this machine (in MB)."""
+    mb = memory_bytes() // 2**20
+    return {
+        "shared_buffers": os.environ.get("ENGRAM_PG_SHARED_BUFFERS") or f"{max(128, int(mb * SHARED_BUFFERS_SHARE))}MB",
+        "effective_cache_size": f"{max(512, int(mb * CACHE_SHARE))}MB",
+    }
+
+
 class EmbeddedPostgres(ChildProcess):
     def __init__(self, data_dir: Path, port: int, database: str = "engram") -> None:
         self.data_dir = data_dir.resolve()
@@ -95,12 +126,13 @@ class EmbeddedPostgres(ChildProcess):
         and how; in a process group of its own, with every backend it forks."""
         self.wanted = True
         # TCP only: the wheel's default is a Unix socket, which other hosts' clients can't use.
-        # Recall at 100k keeps fragments, their HNSW index and the lexical postings (~1.2 GB) hot:
-        # with 256 MB every query read pages back from the OS cache. Reserved lazily.
         settings = {
             "listen_addresses": "127.0.0.1", "port": str(self.port), "unix_socket_directories": "",
-            "max_connections": "200", "shared_buffers": "2GB", "effective_cache_size": "8GB",
+            "max_connections": "200", **memory_settings(),
             "maintenance_work_mem": "512MB", "jit": "off", "autovacuum_naptime": "5s",
+            # What was in shared buffers comes back after a restart (pg_prewarm's autoprewarm
+            # worker writes the list every 300 s and at shutdown, and reads it at start).
+            "shared_preload_libraries": "pg_prewarm",
         }
         argv = [self._bin("postgres"), "-D", str(self.data_dir)]
         for name, value in settings.items():
