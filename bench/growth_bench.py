@@ -134,7 +134,7 @@ async def top_up(database_url: str, memories: list[Memory], namespace: str, embe
         if rebuild:
             definitions = [r["indexdef"] for r in await conn.fetch(
                 "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema()"
-                " AND tablename = 'fragments' AND (indexdef ILIKE '%USING hnsw%' OR indexdef ILIKE '%INCLUDE (%embedding)%')"
+                " AND tablename = 'fragments' AND (indexdef ILIKE '%USING hnsw%' OR indexdef ILIKE '%INCLUDE (%embedding%')"
             )]
             for definition in definitions:
                 name = definition.split(" INDEX ", 1)[1].split(" ON ", 1)[0].strip()

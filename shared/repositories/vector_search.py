@@ -10,8 +10,9 @@ the point where both plans read about as many rows; s is counted over the scope 
 (index-only, bounded by that threshold) and N is the planner's row count from pg_class.
 
 The exact ranking reads its rows from fragments_scope_vectors, a btree over (tenant,
-workspace, type, importance) that carries each row's embedding and the columns the filters
-test, so a scope is one contiguous index range read index-only. From the heap it cost one
+workspace, type, importance) that carries each row's embedding in half precision and the
+columns the filters test, so a scope is one contiguous index range read index-only; the
+RERANK_SHARE * k best of it are ordered again by their float embeddings, k heap rows by key. From the heap it cost one
 page per row (a tenant's rows are interleaved with everyone else's): at 1M, 14k pages for
 a scope of 14k rows. The scope is written as disjoint ranges of that index (scope_ranges x
 workspace_ranges, whose union is filter_clauses' tenant and workspace scope): an OR of
@@ -39,6 +40,11 @@ EXACT_SCOPE_FLOOR = 1000
 # p99 277 -> 145 and 152 -> 80 (p50 23 -> 28, 29 -> 31); 16 against 40, p95 68 / 90; 8 / 16 / 24
 # in a slow stretch, p95 292 / 245 / 224 (bench/README.md, session 15). At 1M the cap is ~31k rows.
 EXACT_WEIGHT = 16.0
+# The exact ranking orders the scope by its half-precision vectors (fragments_scope_vectors
+# carries those, migration 0027), takes this many times k, and orders those by the float
+# vectors: recall gets the float order and similarities. At 1M the half order's top 60 held
+# 99.97-99.99% of the float top 60's ids, so twice k leaves room for rounding at the edge.
+RERANK_SHARE = 2
 
 
 def _exact_cap(limit: int) -> str:
@@ -92,14 +98,15 @@ def nearest_statement(
         sql = f"WITH nearest AS MATERIALIZED ({_graph(vec, where, k)}) SELECT id, distance FROM nearest ORDER BY distance + 0"
         return sql, params.values
     counts = " + ".join(_scope_counts(principal, flt, params))
-    narrowing = " AND ".join(["f.embedding IS NOT NULL", *narrowing_clauses(flt, params)])
+    # embedding_half, not embedding: the covering index carries the one, not the other.
+    narrowing = " AND ".join(["f.embedding_half IS NOT NULL", *narrowing_clauses(flt, params)])
     ranges = [
         f"{tenant} AND {workspace}"
         for tenant in scope_ranges(principal.reads, params)
         for workspace in workspace_ranges(flt.workspace, params)
     ]
     exact = " UNION ALL ".join(
-        f"SELECT f.id, f.embedding <=> {vec} AS distance FROM fragments f"
+        f"SELECT f.id, f.embedding_half <=> {vec}::vector::halfvec AS distance FROM fragments f"
         f" WHERE (SELECT rows FROM n) <= (SELECT cap FROM t) AND {rng} AND {narrowing}"
         for rng in ranges
     ) or "SELECT NULL::text AS id, NULL::float8 AS distance WHERE FALSE"
@@ -107,7 +114,11 @@ def nearest_statement(
         WITH t AS MATERIALIZED (SELECT {_exact_cap(limit)} AS cap),
         n AS MATERIALIZED (SELECT {counts} AS rows),
         scope AS MATERIALIZED ({exact}),
-        exact AS (SELECT id, distance FROM scope ORDER BY distance LIMIT {k}),
+        shortlist AS MATERIALIZED (SELECT id FROM scope ORDER BY distance LIMIT {k} * {RERANK_SHARE}),
+        exact AS MATERIALIZED (
+            SELECT s.id, (SELECT f.embedding FROM fragments f WHERE f.id = s.id) <=> {vec} AS distance
+            FROM shortlist s ORDER BY distance LIMIT {k}
+        ),
         graph AS MATERIALIZED ({_graph(vec, where, k, gate="(SELECT rows FROM n) > (SELECT cap FROM t) AND ")})
         SELECT id, distance FROM (SELECT id, distance FROM exact UNION ALL SELECT id, distance FROM graph) hits
         ORDER BY distance + 0

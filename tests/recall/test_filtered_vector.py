@@ -327,3 +327,48 @@ async def test_nearest_is_planned_for_its_parameters_every_time(tenants: Tenants
     finally:
         await tenants.conn.execute("RESET plan_cache_mode")
     assert plans["generic"] == 0 and plans["custom"] >= 8, dict(plans)
+
+
+def _half_flip(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A query and two vectors a, b where a is nearer in float and b in half precision (each
+    cosine computed from the vectors rounded to float16, as halfvec's is)."""
+    rng = np.random.default_rng(seed)
+
+    def cos(x: np.ndarray, y: np.ndarray) -> float:
+        return float(np.dot(x, y) / (np.linalg.norm(x) * np.linalg.norm(y)))
+
+    def half(x: np.ndarray) -> np.ndarray:
+        return x.astype(np.float16).astype(np.float32)
+
+    for _ in range(100_000):
+        query = _unit(rng.normal(size=DIM))
+        a = _unit(query + rng.normal(scale=0.3, size=DIM))
+        b = _unit(a + rng.normal(scale=0.002, size=DIM))
+        float_gap = cos(query, a) - cos(query, b)
+        half_gap = cos(half(query), half(b)) - cos(half(query), half(a))
+        if float_gap > 2e-6 and half_gap > 2e-6:
+            return query, a, b
+    raise AssertionError("no pair found whose order half precision flips")
+
+
+async def test_the_exact_ranking_returns_the_float_order_and_similarities(tenants: Tenants) -> None:
+    """The scope is ordered by its half-precision copies (fragments_scope_vectors, migration
+    0027), then its best RERANK_SHARE * k by the float vectors: a pair whose order half
+    precision flips comes back in float order, with float similarities."""
+    query, a, b = _half_flip(seed=11)
+    ws = unique()
+    id_a, id_b = await _store(tenants.conn, tenants.mine, ws, [("fact", 0.5, a), ("fact", 0.5, b)])
+    # The scene holds in the database too: ordered by the stored half vectors, b comes first.
+    by_half = await tenants.conn.fetch(
+        "SELECT id FROM fragments WHERE id = ANY($2::text[]) ORDER BY embedding_half <=> $1::halfvec", query, [id_a, id_b]
+    )
+    assert [r["id"] for r in by_half] == [id_b, id_a]
+
+    flt = FragmentFilter(workspace=ws)
+    assert await _executed(tenants.conn, tenants.principal, flt, query, 1) == {"exact"}
+    got = await vector_search.nearest(tenants.conn, tenants.principal, flt, query, 1)
+    assert [i for i, _ in got] == [id_a]
+    assert got[0][1] == pytest.approx(float(np.dot(query, a)), abs=1e-6)
+    both = await vector_search.nearest(tenants.conn, tenants.principal, flt, query, 2)
+    assert [i for i, _ in both] == [id_a, id_b]
+    assert [s for _, s in both] == pytest.approx([float(np.dot(query, a)), float(np.dot(query, b))], abs=1e-6)
