@@ -23,7 +23,8 @@ SYSTEM_USER = "embedded_postgres"
 
 # shared_buffers unless ENGRAM_PG_SHARED_BUFFERS gives one (a Postgres size, "8GB"): this share
 # of the memory the stack may use. Recall keeps the vector layer's pages hot (at 1M fragments
-# the HNSW graph is 2.0 GB, the covering scope index 2.7 GB, the heap its filters read 3.9 GB);
+# the HNSW graph is 2.0 GB, the covering scope index 1.0 GB (2.7 before migration 0027), the
+# heap its filters read 4.7 GB);
 # pages outside shared buffers come back from the OS cache at ~13 us each, and a cold HNSW walk
 # reads thousands. At 1M on a 24 GB machine, 2 GB -> 8 GB took the filtered suite's p95 through
 # MCP from 91-92 to 56-85 ms (bench/README.md, session 16). Postgres reserves it lazily, so a

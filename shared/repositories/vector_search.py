@@ -11,9 +11,9 @@ the point where both plans read about as many rows; s is counted over the scope 
 
 The exact ranking reads its rows from fragments_scope_vectors, a btree over (tenant,
 workspace, type, importance) that carries each row's embedding in half precision and the
-columns the filters test, so a scope is one contiguous index range read index-only; the
-RERANK_SHARE * k best of it are ordered again by their float embeddings, k heap rows by key. From the heap it cost one
-page per row (a tenant's rows are interleaved with everyone else's): at 1M, 14k pages for
+columns the filters test, so a scope is one contiguous index range read index-only (the
+RERANK_SHARE * k best of it are then ordered by their float embeddings, read by key). From
+the heap the scope cost one page per row (a tenant's rows are interleaved with everyone else's): at 1M, 14k pages for
 a scope of 14k rows. The scope is written as disjoint ranges of that index (scope_ranges x
 workspace_ranges, whose union is filter_clauses' tenant and workspace scope): an OR of
 ranges would be a bitmap scan, back on the heap.
