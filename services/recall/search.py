@@ -128,7 +128,7 @@ class DocumentFrequencies:
 class SearchRequest:
     text: str | None
     keywords: list[str]
-    vector: Awaitable[np.ndarray] | None  # embedding runs while the lexical SQL does
+    vector: asyncio.Future[np.ndarray] | None  # embedding runs while the lexical SQL does
     semantic_label: str  # "L3" for text, "L3kw" for the keywords fallback
     threshold: float | None
     filter_only: bool
@@ -146,13 +146,13 @@ class SearchOutcome:
 
 
 async def _semantic_on(
-    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, req: SearchRequest
+    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, req: SearchRequest, scope_rows: int | None = None,
 ) -> tuple[np.ndarray | None, list[tuple[str, float]]]:
     """L3: the query embedding, then its nearest fragments in scope (threshold bounds similarity)."""
     vector = await req.vector if req.vector is not None else None
     if vector is None:
         return None, []
-    semantic = await vector_search.nearest(conn, principal, flt, vector, LAYER_DEPTH)
+    semantic = await vector_search.nearest(conn, principal, flt, vector, LAYER_DEPTH, scope_rows)
     if req.threshold is not None:
         semantic = [(fid, sim) for fid, sim in semantic if sim >= req.threshold]
     return vector, semantic
@@ -163,9 +163,14 @@ async def _semantic(
 ) -> tuple[np.ndarray | None, list[tuple[str, float]]]:
     if req.vector is None:
         return None, []
+    rows = None
+    if not req.vector.done() and vector_search.countable(principal, flt):
+        # The vector layer's scope is counted while the model runs, not after it.
+        async with pool.acquire() as conn:
+            rows = await vector_search.scope_rows(conn, principal, flt, LAYER_DEPTH)
     await asyncio.shield(req.vector)  # no second connection is held while the model runs
     async with pool.acquire() as conn:
-        return await _semantic_on(conn, principal, flt, req)
+        return await _semantic_on(conn, principal, flt, req, rows)
 
 
 async def _feedback(

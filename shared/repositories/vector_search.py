@@ -84,20 +84,44 @@ def _graph(vec: str, where: str, k: str, gate: str = "") -> str:
     """
 
 
+def countable(principal: Principal, flt: FragmentFilter) -> bool:
+    """Whether the scope has index ranges to count: the master key without a workspace has
+    none and always takes HNSW."""
+    return not (principal.is_master and flt.workspace is None)
+
+
+def scope_rows_statement(principal: Principal, flt: FragmentFilter, limit: int) -> tuple[str, list[object]]:
+    """The scope's size as nearest() decides by it, counted up to just past the exact cap."""
+    params = SqlParams()
+    counts = " + ".join(_scope_counts(principal, flt, params))
+    return f"WITH t AS MATERIALIZED (SELECT {_exact_cap(limit)} AS cap) SELECT {counts}", params.values
+
+
+async def scope_rows(conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, limit: int) -> int | None:
+    """scope_rows_statement's count (None for a scope with nothing to count), for nearest()'s
+    `scope_rows`: recall counts while the model embeds the query, when the connection is idle
+    (at 1M a scope near the cap is a 31k-row index-only count, 3-7 ms)."""
+    if not countable(principal, flt):
+        return None
+    sql, values = scope_rows_statement(principal, flt, limit)
+    return int(await conn.fetchval(sql, *values))
+
+
 def nearest_statement(
-    principal: Principal, flt: FragmentFilter, embedding: np.ndarray, limit: int
+    principal: Principal, flt: FragmentFilter, embedding: np.ndarray, limit: int, scope_rows: int | None = None,
 ) -> tuple[str, list[object]]:
     """nearest()'s SQL and parameters. One statement: the plan not taken is skipped by a
     one-time filter. The master key without a workspace has no scope an index can count
-    and always takes HNSW."""
+    and always takes HNSW. `scope_rows`, scope_rows()' count at this limit when the caller
+    has it, replaces the statement's own."""
     params = SqlParams()
     vec = params.add(embedding)
     where = " AND ".join(filter_clauses(principal, flt, params))
     k = params.add(limit)
-    if principal.is_master and flt.workspace is None:
+    if not countable(principal, flt):
         sql = f"WITH nearest AS MATERIALIZED ({_graph(vec, where, k)}) SELECT id, distance FROM nearest ORDER BY distance + 0"
         return sql, params.values
-    counts = " + ".join(_scope_counts(principal, flt, params))
+    counts = " + ".join(_scope_counts(principal, flt, params)) if scope_rows is None else f"{params.add(scope_rows)}::bigint"
     # embedding_half, not embedding: the covering index carries the one, not the other.
     narrowing = " AND ".join(["f.embedding_half IS NOT NULL", *narrowing_clauses(flt, params)])
     ranges = [
@@ -127,7 +151,8 @@ def nearest_statement(
 
 
 async def nearest(
-    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, embedding: np.ndarray, limit: int
+    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, embedding: np.ndarray, limit: int,
+    scope_rows: int | None = None,
 ) -> list[tuple[str, float]]:
     """The `limit` fragments closest to `embedding` that pass every filter, best first, as
     (id, cosine similarity).
@@ -137,7 +162,7 @@ async def nearest(
     in particular. At 1M fragments that plan took the filtered suite's nearest() from p95 77
     to 535-589 ms (the same queries, one connection, both modes forced in turn), and a
     long-lived recall process fell into it (its statements logged at 150-880 ms)."""
-    sql, values = nearest_statement(principal, flt, embedding, limit)
+    sql, values = nearest_statement(principal, flt, embedding, limit, scope_rows)
     async with conn.transaction():
         await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
         rows = await conn.fetch(sql, *values)

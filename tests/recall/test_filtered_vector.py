@@ -67,10 +67,12 @@ async def _store(
     return [f.id for f in fragments]
 
 
-async def _executed(conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, query: np.ndarray, k: int) -> set[str]:
+async def _executed(
+    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, query: np.ndarray, k: int, scope_rows: int | None = None,
+) -> set[str]:
     """Which plan ran: 'exact' when the scope's rows were read and ranked, 'hnsw' when the
     HNSW index was scanned (EXPLAIN ANALYZE: a node never executed has no loops)."""
-    sql, values = vector_search.nearest_statement(principal, flt, query, k)
+    sql, values = vector_search.nearest_statement(principal, flt, query, k, scope_rows)
     plan = (await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", *values))
     ran: set[str] = set()
 
@@ -201,6 +203,29 @@ async def test_the_scope_is_counted_per_tenant_with_its_global_rows(tenants: Ten
     assert len(graph) == 4
     assert {i for i, _ in graph} <= {i for i, (t, _, _) in rows.items() if t == "fact"}
     assert not set(foreign) & {i for i, _ in exact + graph}
+
+
+async def test_a_count_taken_beforehand_decides_the_plan_in_place_of_the_statement_s_own(
+    tenants: Tenants, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Recall counts the vector layer's scope while the model embeds the query
+    (vector_search.scope_rows) and hands the count to nearest(): the same 15 rows the statement
+    counts (the caller's 12 workspace facts and 3 global ones, not the other tenant's), and
+    the plan follows the count it is given."""
+    query, rows, _ = await _scene(tenants, seed=9)
+    flt = FragmentFilter(workspace=tenants.ws, types=("fact",))
+    await _broad(tenants.conn, monkeypatch, floor=15)
+    counted = await vector_search.scope_rows(tenants.conn, tenants.principal, flt, 4)
+    assert counted == 15
+    assert await _executed(tenants.conn, tenants.principal, flt, query, 4, counted) == {"exact"}
+    got = await vector_search.nearest(tenants.conn, tenants.principal, flt, query, 4, counted)
+    assert got == await vector_search.nearest(tenants.conn, tenants.principal, flt, query, 4)
+    assert [i for i, _ in got] == [i for i, _ in _brute_force(query, rows, "fact", 0.0, 4)]
+    # One row more than the floor in the count given, and the statement walks the graph
+    # without counting again.
+    assert await _executed(tenants.conn, tenants.principal, flt, query, 4, counted + 1) == {"hnsw"}
+    # The master key without a workspace has no scope to count: always the graph.
+    assert await vector_search.scope_rows(tenants.conn, Principal.master(), FragmentFilter(types=("fact",)), 4) is None
 
 
 async def test_the_exact_share_grows_with_the_table(tenants: Tenants, monkeypatch: pytest.MonkeyPatch) -> None:
