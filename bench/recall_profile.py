@@ -5,8 +5,9 @@ running stack's Postgres and Redis, with every stage timed.
 
 NS is the namespace of an earlier `bench.recall_load` run (it prints it; `--reuse NS` reruns
 the MCP timings). The end-to-end numbers come from bench.recall_load / bench.recall_bench;
-this one answers which stage to work on. Stages overlap (the query embedding runs while the
-lexical SQL does), so their sum exceeds the total.
+this one answers which stage to work on, on average and in the slowest queries (`--slowest`
+of them listed with their stages). Stages overlap (the query embedding runs while the lexical
+SQL does), so their sum exceeds the total.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ WARMUP = 30
 SUITES: dict[str, Callable[..., Any]] = {"text": text_queries, "keyword": keyword_queries, "filtered": filtered_queries}
 STAGES = {
     retrieval: ["query_terms", "document_frequencies", "bm25_candidates", "graph_neighbours", "turn_neighbours",
-                "pool_rows", "content_terms", "term_counts"],
+                "pool_rows", "content_terms", "term_counts", "count_in_scope", "stop_lexemes"],
     vector_search: ["nearest"],
     fragments_repo: ["fetch_by_ids"],
     recall_views: ["latest_seq", "still_fresh", "meta_facts", "links_of"],
@@ -68,7 +69,7 @@ def _instrument(timings: dict[str, list[float]]) -> None:
             setattr(module, name, timed)
 
 
-async def run(database_url: str, redis_url: str, namespace: str, kind: str, count: int, seed: int) -> None:
+async def run(database_url: str, redis_url: str, namespace: str, kind: str, count: int, seed: int, slowest: int) -> None:
     timings: dict[str, list[float]] = defaultdict(list)
     _instrument(timings)
     settings = RecallSettings()
@@ -95,19 +96,26 @@ async def run(database_url: str, redis_url: str, namespace: str, kind: str, coun
     queries = SUITES[kind](memories, WARMUP + count, seed={"text": seed + 1, "keyword": seed + 2, "filtered": seed + 3}[kind])
     ctx = ToolContext(principal=Principal.master())
     totals = []
+    slow: list[tuple[float, dict[str, float]]] = []  # per measured query: its total and its stages' sums
     try:
         for i, query in enumerate(queries):
             arguments = scope_query(query, namespace)
+            seen = {label: len(samples) for label, samples in timings.items()}
             began = time.perf_counter()
             await recall(res, ctx, arguments)
             if i == WARMUP - 1:
                 timings.clear()
             elif i >= WARMUP:
                 totals.append((time.perf_counter() - began) * 1000)
+                slow.append((totals[-1], {label: sum(samples[seen.get(label, 0):]) for label, samples in timings.items()}))
     finally:
         await redis.aclose()
         await pool.close()
     print(f"recall() in process, {kind}, n={len(totals)}: p50 {percentile(totals, 50):.1f} ms, p95 {percentile(totals, 95):.1f} ms")
+    print(f"the {slowest} slowest, their stages of 1 ms or more (ms):")
+    for total, stages in sorted(slow, key=lambda q: -q[0])[:slowest]:
+        parts = ", ".join(f"{label.rsplit('.', 1)[-1]} {ms:.1f}" for label, ms in sorted(stages.items(), key=lambda kv: -kv[1]) if ms >= 1)
+        print(f"  {total:6.1f}: {parts}")
     print(f"{'stage':32s} {'calls':>5s} {'mean':>7s} {'p50':>7s} {'p95':>7s}")
     for label, samples in sorted(timings.items(), key=lambda kv: -sum(kv[1])):
         print(f"{label:32s} {len(samples):5d} {statistics.mean(samples):7.2f} {percentile(samples, 50):7.2f} {percentile(samples, 95):7.2f}")
@@ -121,8 +129,9 @@ def main() -> None:
     parser.add_argument("--kind", choices=sorted(SUITES), default="text")
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--slowest", type=int, default=8, help="queries whose stages are listed one by one, slowest first")
     args = parser.parse_args()
-    asyncio.run(run(args.database_url, args.redis_url, args.namespace, args.kind, args.queries, args.seed))
+    asyncio.run(run(args.database_url, args.redis_url, args.namespace, args.kind, args.queries, args.seed, args.slowest))
 
 
 if __name__ == "__main__":
