@@ -7,16 +7,18 @@ selective one (at 1.1M rows, scopes of 1-10k took the filtered recall's p99 to 6
 Ranking the scope exactly costs one heap row per scope row. So a scope of s rows in a table
 of N is ranked exactly when s is below EXACT_SCOPE_FLOOR or s^2 <= EXACT_WEIGHT * k * N,
 the point where both plans read about as many rows; s is counted over the scope indexes
-(index-only, bounded by that threshold) and N is the planner's row count from pg_class.
+(index-only, bounded by that threshold; by the statement itself, or beforehand by
+scope_rows() while the caller's model embeds the query) and N is the planner's row count
+from pg_class.
 
 The exact ranking reads its rows from fragments_scope_vectors, a btree over (tenant,
 workspace, type, importance) that carries each row's embedding in half precision and the
 columns the filters test, so a scope is one contiguous index range read index-only (the
 RERANK_SHARE * k best of it are then ordered by their float embeddings, read by key). From
-the heap the scope cost one page per row (a tenant's rows are interleaved with everyone else's): at 1M, 14k pages for
-a scope of 14k rows. The scope is written as disjoint ranges of that index (scope_ranges x
-workspace_ranges, whose union is filter_clauses' tenant and workspace scope): an OR of
-ranges would be a bitmap scan, back on the heap.
+the heap the scope cost one page per row (a tenant's rows are interleaved with everyone
+else's): at 1M, 14k pages for a scope of 14k rows. The scope is written as disjoint ranges
+of that index (scope_ranges x workspace_ranges, whose union is filter_clauses' tenant and
+workspace scope): an OR of ranges would be a bitmap scan, back on the heap.
 """
 
 from __future__ import annotations
