@@ -37,7 +37,7 @@ from shared.domain.principal import Principal
 from shared.domain.search import FragmentFilter
 from shared.domain.tokens import TokenCounter
 from shared.embeddings import load_embedder, model_dir
-from shared.repositories import retrieval
+from shared.repositories import retrieval, vector_search
 from shared.settings import RecallSettings
 
 SUITES: dict[str, Any] = {"text": text_queries, "keyword": keyword_queries, "filtered": filtered_queries}
@@ -93,7 +93,7 @@ async def run_recall(database_url: str, namespace: str, kind: str, count: int, s
     settings = RecallSettings()
     pool = await create_pool(
         database_url, min_size=2, max_size=4,
-        session_sql=f"SET hnsw.iterative_scan = relaxed_order; SET hnsw.ef_search = {int(settings.hnsw_ef_search)}",
+        server_settings=vector_search.graph_settings(settings.hnsw_ef_search),
     )
     res = ReadResources(pool=pool, embedder=load_embedder(latency=True), tokens=TokenCounter(model_dir() / "tokenizer.json"),
                         settings=settings, effects=NoEffects())  # type: ignore[arg-type]

@@ -39,6 +39,7 @@ from shared.db import create_pool
 from shared.domain.principal import Principal
 from shared.domain.tokens import TokenCounter
 from shared.embeddings import load_embedder, model_dir
+from shared.repositories import vector_search
 from shared.settings import RecallSettings
 
 Rows = list[tuple[int, dict[str, float]]]
@@ -100,7 +101,7 @@ async def run(args: argparse.Namespace) -> int:
     settings = RecallSettings()
     pool = await create_pool(
         args.database_url, min_size=2, max_size=4,
-        session_sql=f"SET hnsw.iterative_scan = relaxed_order; SET hnsw.ef_search = {int(settings.hnsw_ef_search)}",
+        server_settings=vector_search.graph_settings(settings.hnsw_ef_search),
     )
     res = ReadResources(pool=pool, embedder=load_embedder(latency=True), tokens=TokenCounter(model_dir() / "tokenizer.json"),
                         settings=settings, effects=NoEffects())  # type: ignore[arg-type]

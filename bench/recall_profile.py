@@ -75,7 +75,7 @@ async def run(database_url: str, redis_url: str, namespace: str, kind: str, coun
     settings = RecallSettings()
     pool = await create_pool(
         database_url, min_size=2, max_size=4,
-        session_sql=f"SET hnsw.iterative_scan = relaxed_order; SET hnsw.ef_search = {int(settings.hnsw_ef_search)}",
+        server_settings=vector_search.graph_settings(settings.hnsw_ef_search),
     )
     redis = Redis.from_url(redis_url)
     res = ReadResources(

@@ -198,9 +198,11 @@ class ReadRouter:
         self.pool = cast(asyncpg.Pool, RoutedPool(primary)) if replicas else primary  # duck-typed: see RoutedPool
 
     @classmethod
-    async def open(cls, primary: asyncpg.Pool, settings: RecallSettings, redis: Any | None, session_sql: str | None = None) -> ReadRouter:
+    async def open(
+        cls, primary: asyncpg.Pool, settings: RecallSettings, redis: Any | None, server_settings: dict[str, str] | None = None,
+    ) -> ReadRouter:
         replicas = [
-            Replica(i, url, await create_replica_pool(url, max_size=settings.db_pool_max, session_sql=session_sql))
+            Replica(i, url, await create_replica_pool(url, max_size=settings.db_pool_max, server_settings=server_settings))
             for i, url in enumerate(settings.database_replica_urls)
         ]
         router = cls(primary, replicas, settings, redis)

@@ -43,6 +43,10 @@ class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_file=None, extra="ignore", case_sensitive=False)
 
     environment: Literal["dev", "test", "production"] = Field("dev", alias="ENGRAM_ENV")
+    # How wide each step of an HNSW walk looks (recall's vector layer, link discovery on write
+    # and in maintenance): every pool that walks the graph starts its connections with it
+    # (vector_search.graph_settings).
+    hnsw_ef_search: int = Field(80, alias="HNSW_EF_SEARCH")
     database_url: str = Field("postgresql://postgres@127.0.0.1:5432/engram", alias="DATABASE_URL")
     db_pool_min: int = Field(1, alias="DB_POOL_MIN")
     db_pool_max: int = Field(10, alias="DB_POOL_MAX")
@@ -243,7 +247,6 @@ class GatewaySettings(CommonSettings):
 
 class RecallSettings(CommonSettings):
     port: int = Field(57333, alias="PORT")
-    hnsw_ef_search: int = Field(80, alias="HNSW_EF_SEARCH")
     l1_cache_ttl: timedelta = Field(timedelta(seconds=60), alias="L1_CACHE_TTL")
     symbolic_explain: bool = Field(False, alias="MEMENTO_SYMBOLIC_EXPLAIN")
     spreading_activation: bool = Field(False, alias="ENABLE_SPREADING_ACTIVATION")

@@ -22,6 +22,7 @@ from shared.embeddings import load_embedder
 from shared.job_relay import OutboxRelay
 from shared.jobs import broker_key, celery_client, send_outbox_jobs
 from shared.redis_breaker import request_path_redis
+from shared.repositories import vector_search
 from shared.settings import IngestSettings
 from shared.telemetry import configure_telemetry
 
@@ -35,7 +36,7 @@ def create_app(settings: IngestSettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool = await create_pool(
             settings.database_url, min_size=settings.db_pool_min, max_size=settings.db_pool_max,
-            server_settings=memory_events.recording_settings(settings),
+            server_settings={**memory_events.recording_settings(settings), **vector_search.graph_settings(settings.hnsw_ef_search)},
         )
         embedder = await anyio.to_thread.run_sync(load_embedder)
         # The batch queue, the recall cache's generations and the feedback-sampling limits;

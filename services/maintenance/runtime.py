@@ -14,6 +14,7 @@ from shared.db import create_pool
 from shared.embeddings import Embedder, load_embedder
 from shared.llm import LLMClient, load_llm
 from shared.memory_events import recording_settings
+from shared.repositories import vector_search
 from shared.settings import MaintenanceSettings
 from shared.telemetry import configure_telemetry
 
@@ -30,7 +31,10 @@ class WorkerRuntime:
         self.loop = asyncio.new_event_loop()
         self.pool: asyncpg.Pool = self.loop.run_until_complete(
             # memory:* events of what a cycle changes are recorded by migration 0017's triggers.
-            create_pool(settings.database_url, min_size=1, max_size=4, server_settings=recording_settings(settings))
+            create_pool(
+                settings.database_url, min_size=1, max_size=4,
+                server_settings={**recording_settings(settings), **vector_search.graph_settings(settings.hnsw_ef_search)},
+            )
         )
         self.llm: LLMClient = load_llm()
         self._embedder: Embedder | None = None

@@ -25,6 +25,7 @@ from shared.domain.tokens import TokenCounter
 from shared.embeddings import load_embedder, tokenizer_file
 from shared.read_routing import ReadRouter
 from shared.redis_breaker import request_path_redis
+from shared.repositories import vector_search
 from shared.settings import RecallSettings
 from shared.telemetry import configure_telemetry
 
@@ -38,12 +39,12 @@ def create_app(settings: RecallSettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Filtered vector search keeps scanning the HNSW graph until enough rows pass the
         # filters (pgvector 0.8 iterative scan) instead of returning a short top k.
-        session_sql = f"SET hnsw.iterative_scan = relaxed_order; SET hnsw.ef_search = {int(settings.hnsw_ef_search)}"
+        graph = vector_search.graph_settings(settings.hnsw_ef_search)
         pool = await create_pool(
             settings.database_url,
             min_size=settings.db_pool_min,
             max_size=settings.db_pool_max,
-            session_sql=session_sql,
+            server_settings=graph,
         )
         embedder = await anyio.to_thread.run_sync(functools.partial(load_embedder, latency=True))
         # Load the Korean analyser now rather than on the first Korean query (~2 s).
@@ -54,7 +55,7 @@ def create_app(settings: RecallSettings | None = None) -> FastAPI:
         effects = SideEffects(pool, redis, replica=f"{socket.gethostname()}-{settings.port}")
         # Reads on DATABASE_REPLICA_URLS when set (services/recall/routing.py); the effects
         # above write, so they keep the primary pool.
-        read_router = await ReadRouter.open(pool, settings, redis, session_sql)
+        read_router = await ReadRouter.open(pool, settings, redis, graph)
         app.state.settings = settings
         app.state.read_router = read_router
         app.state.resources = ReadResources(

@@ -202,7 +202,7 @@ async def vector_candidates(
 ) -> list[tuple[str, float]]:
     """L3: cosine distance over the HNSW index with every filter inside the scan.
 
-    hnsw.iterative_scan (set on the pool) keeps scanning until `limit` rows pass the
+    hnsw.iterative_scan (vector_search.graph_settings, on the pool) keeps scanning until `limit` rows pass the
     filters, so a selective tenant or workspace filter never empties the top k.
     """
     params = SqlParams()

@@ -49,6 +49,13 @@ EXACT_WEIGHT = 16.0
 RERANK_SHARE = 2
 
 
+def graph_settings(ef_search: int) -> dict[str, str]:
+    """The session settings a pool that walks HNSW needs (create_pool's server_settings): the
+    iterative scan keeps walking until `limit` rows pass the filters instead of filtering
+    ef_search candidates down to a short list, and ef_search sets how wide each step looks."""
+    return {"hnsw.iterative_scan": "relaxed_order", "hnsw.ef_search": str(int(ef_search))}
+
+
 def _exact_cap(limit: int) -> str:
     """SQL for the largest scope ranked exactly at this k, from the table's planner row count."""
     return (

@@ -65,7 +65,7 @@ async def _search(stack: Stack, scene: tuple[Principal, str, dict[str, str]], sc
         embedded.append(texts)
         return list(await asyncio.to_thread(embedder.embed, texts))
 
-    pool = await create_pool(stack.database_url, min_size=1, max_size=2, session_sql="SET hnsw.iterative_scan = relaxed_order")
+    pool = await create_pool(stack.database_url, min_size=1, max_size=2, server_settings={"hnsw.iterative_scan": "relaxed_order"})
     try:
         async with pool.acquire() as conn:
             outcome = await layered_search(

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from pgvector.asyncpg import register_vector
 
-from shared.db import SEARCH_PATH
+from shared.db import SEARCH_PATH, create_pool
 from shared.domain.fragment import NewFragment
 from shared.domain.principal import Principal
 from shared.domain.search import FragmentFilter
@@ -70,25 +70,34 @@ async def _store(
 async def _executed(
     conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, query: np.ndarray, k: int, scope_rows: int | None = None,
 ) -> set[str]:
-    """Which plan ran: 'exact' when the scope's rows were read and ranked, 'hnsw' when the
-    HNSW index was scanned (EXPLAIN ANALYZE: a node never executed has no loops)."""
+    """Which plan ran: 'exact' when the scope's rows were read and ranked, 'hnsw' when an
+    HNSW graph was scanned (EXPLAIN ANALYZE: a node never executed has no loops)."""
+    ran, graphs = await _ran(conn, principal, flt, query, k, scope_rows)
+    return ran | ({"hnsw"} if graphs else set())
+
+
+async def _ran(
+    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, query: np.ndarray, k: int, scope_rows: int | None = None,
+) -> tuple[set[str], set[str]]:
+    """{'exact'} or nothing, and the names of the HNSW graphs the statement walked."""
     sql, values = vector_search.nearest_statement(principal, flt, query, k, scope_rows)
     plan = (await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", *values))
     ran: set[str] = set()
+    graphs: set[str] = set()
 
     def walk(node: dict[str, Any], cte: str | None) -> None:
         name = node.get("Subplan Name", "")
         cte = name.removeprefix("CTE ") if name.startswith("CTE ") else cte
         if node.get("Actual Loops", 0) > 0:
-            if node.get("Index Name") == "fragments_embedding_hnsw":
-                ran.add("hnsw")
+            if node.get("Index Name", "").startswith("fragments_embedding_hnsw"):
+                graphs.add(node["Index Name"])
             if cte == "scope" and node.get("Relation Name") == "fragments":
                 ran.add("exact")
         for child in node.get("Plans", []):
             walk(child, cte)
 
     walk(json.loads(plan)[0]["Plan"], None)
-    return ran
+    return ran, graphs
 
 
 class Tenants:
@@ -289,6 +298,34 @@ async def test_exact_and_graph_plans_agree_and_stay_in_scope(
     for ranked in (exact, graph):
         sims = [sim for _, sim in ranked]
         assert sims == sorted(sims, reverse=True)
+
+
+async def test_a_pooled_connection_keeps_walking_the_graph_after_its_first_release(
+    stack: Stack, tenants: Tenants, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pool resets every connection it takes back (RESET ALL). The graph settings are the
+    connection's startup values, so the reset returns to them: on a later acquisition the
+    iterative scan still fills k from a scope the graph's first ef_search candidates mostly
+    miss. Set once by a `SET` on a new connection (as recall did until session 18) they were
+    gone after the first release, and this scope came back with a handful of rows."""
+    query, rows, _ = await _scene(tenants, seed=10)
+    await _broad(tenants.conn, monkeypatch)
+    flt = FragmentFilter(workspace=tenants.ws, types=("fact",), min_importance=0.4)
+    pool = await create_pool(stack.database_url, min_size=1, max_size=1, server_settings=vector_search.graph_settings(57))
+    try:
+        for _ in range(3):
+            async with pool.acquire() as own:
+                await own.execute("SET enable_sort = off")
+                got = await vector_search.nearest(own, tenants.principal, flt, query, 8)
+                ran, graphs = await _ran(own, tenants.principal, flt, query, 8)
+
+                settings = (await own.fetchval("SHOW hnsw.iterative_scan"), await own.fetchval("SHOW hnsw.ef_search"))
+                assert settings == ("relaxed_order", "57")
+                assert graphs and not ran
+                assert len(got) == 8
+                assert {i for i, _ in got} <= {i for i, (t, imp, _) in rows.items() if t == "fact" and imp >= 0.4}
+    finally:
+        await pool.close()
 
 
 async def test_the_exact_scope_is_read_from_the_index_not_the_heap(tenants: Tenants) -> None:
