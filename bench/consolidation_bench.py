@@ -94,10 +94,14 @@ async def load(conn: asyncpg.Connection, n: int, real: int) -> tuple[int, float]
             rng.choice((0, 0, 0, 1, 2, 5, 12)) if accessed else 0, accessed,
             round(rng.random(), 3) if accessed else 0.0,
         ))
-    # Bulk load: building the HNSW index once after COPY is several times faster than
-    # inserting 100k vectors into it one by one.
-    index_def = await conn.fetchval("SELECT indexdef FROM pg_indexes WHERE indexname = 'fragments_embedding_hnsw'")
-    await conn.execute("DROP INDEX IF EXISTS fragments_embedding_hnsw")
+    # Bulk load: building the HNSW graphs (the whole table's and each type's) once after COPY
+    # is several times faster than inserting 100k vectors into them one by one.
+    graphs = await conn.fetch(
+        "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema()"
+        " AND tablename = 'fragments' AND indexdef ILIKE '%USING hnsw%'"
+    )
+    for graph in graphs:
+        await conn.execute(f"DROP INDEX {graph['indexname']}")
     await conn.copy_records_to_table(
         "fragments", schema_name="agent_memory",
         columns=["id", "content", "topic", "type", "keywords", "importance", "is_anchor", "key_id", "workspace",
@@ -106,7 +110,8 @@ async def load(conn: asyncpg.Connection, n: int, real: int) -> tuple[int, float]
         records=records,
     )
     await conn.execute("SET maintenance_work_mem = '512MB'")
-    await conn.execute(index_def)
+    for graph in graphs:
+        await conn.execute(graph["indexdef"])
     ids = [r[0] for r in records]
     owners = [r[7] for r in records]
     events = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import uuid
 from typing import Any
 
@@ -300,6 +301,25 @@ async def test_exact_and_graph_plans_agree_and_stay_in_scope(
         assert sims == sorted(sims, reverse=True)
 
 
+async def test_a_broad_scope_of_one_type_walks_that_type_s_graph(tenants: Tenants, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the exact cap, a scope that names one type walks the graph of that type's rows only
+    (migration 0028: a few times fewer tuples visited before k pass); a scope of two types walks
+    the whole table's graph. Both keep every filter and fill k."""
+    query, rows, foreign = await _scene(tenants, seed=9)
+    await _broad(tenants.conn, monkeypatch)
+    for types, graph in ((("fact",), "fragments_embedding_hnsw_fact"),
+                         (("decision",), "fragments_embedding_hnsw_decision"),
+                         (("fact", "decision"), "fragments_embedding_hnsw")):
+        flt = FragmentFilter(workspace=tenants.ws, types=types, min_importance=0.4)
+        ran, graphs = await _ran(tenants.conn, tenants.principal, flt, query, 4)
+        got = await vector_search.nearest(tenants.conn, tenants.principal, flt, query, 4)
+
+        assert (ran, graphs) == (set(), {graph}), types
+        assert len(got) == 4
+        assert {i for i, _ in got} <= {i for i, (t, imp, _) in rows.items() if t in types and imp >= 0.4}
+        assert not set(foreign) & {i for i, _ in got}
+
+
 async def test_a_pooled_connection_keeps_walking_the_graph_after_its_first_release(
     stack: Stack, tenants: Tenants, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -326,6 +346,27 @@ async def test_a_pooled_connection_keeps_walking_the_graph_after_its_first_relea
                 assert {i for i, _ in got} <= {i for i, (t, imp, _) in rows.items() if t == "fact" and imp >= 0.4}
     finally:
         await pool.close()
+
+
+async def test_every_type_has_its_graph(conn: asyncpg.Connection) -> None:
+    """One partial HNSW graph per type fragments_type_check allows, each over exactly that type's
+    rows and with the whole graph's operator class: a type added to the check without its graph
+    would send its broad scopes back to the whole table's."""
+    check = await conn.fetchval(
+        "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'fragments_type_check'"
+    )
+    types = set(re.findall(r"'(\w+)'::text", check))
+    graphs = {r["indexname"]: r["indexdef"] for r in await conn.fetch(
+        "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema() AND tablename = 'fragments'"
+        " AND indexdef ILIKE '%USING hnsw%'"
+    )}
+
+    assert {"fact", "decision", "episode"} <= types
+    assert set(graphs) == {"fragments_embedding_hnsw"} | {f"fragments_embedding_hnsw_{t}" for t in types}
+    for t in types:
+        definition = graphs[f"fragments_embedding_hnsw_{t}"]
+        assert "(embedding vector_cosine_ops)" in definition
+        assert definition.endswith(f"WHERE (type = '{t}'::text)"), definition
 
 
 async def test_the_exact_scope_is_read_from_the_index_not_the_heap(tenants: Tenants) -> None:
