@@ -20,17 +20,16 @@
 -- drop these indexes: the planner then walks fragments_embedding_hnsw, as before.
 SET search_path = agent_memory, public;
 
-CREATE INDEX IF NOT EXISTS fragments_embedding_hnsw_fact ON fragments
-    USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64) WHERE type = 'fact';
-CREATE INDEX IF NOT EXISTS fragments_embedding_hnsw_decision ON fragments
-    USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64) WHERE type = 'decision';
-CREATE INDEX IF NOT EXISTS fragments_embedding_hnsw_error ON fragments
-    USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64) WHERE type = 'error';
-CREATE INDEX IF NOT EXISTS fragments_embedding_hnsw_preference ON fragments
-    USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64) WHERE type = 'preference';
-CREATE INDEX IF NOT EXISTS fragments_embedding_hnsw_procedure ON fragments
-    USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64) WHERE type = 'procedure';
-CREATE INDEX IF NOT EXISTS fragments_embedding_hnsw_relation ON fragments
-    USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64) WHERE type = 'relation';
-CREATE INDEX IF NOT EXISTS fragments_embedding_hnsw_episode ON fragments
-    USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64) WHERE type = 'episode';
+DO $$
+DECLARE
+    kind text;
+BEGIN
+    FOREACH kind IN ARRAY ARRAY['fact', 'decision', 'error', 'preference', 'procedure', 'relation', 'episode'] LOOP
+        EXECUTE format(
+            'CREATE INDEX IF NOT EXISTS %I ON fragments USING hnsw (embedding vector_cosine_ops)'
+            ' WITH (m = 16, ef_construction = 64) WHERE type = %L',
+            'fragments_embedding_hnsw_' || kind, kind
+        );
+    END LOOP;
+END
+$$;
