@@ -30,6 +30,7 @@ from services.common.internal import ToolContext
 from services.recall import meta as meta_mod
 from services.recall import render, service
 from services.recall.effects import SideEffects
+from services.recall.search import DocumentFrequencies
 from services.recall.service import ReadResources, recall
 from shared.db import create_pool
 from shared.domain.principal import Principal
@@ -69,7 +70,9 @@ def _instrument(timings: dict[str, list[float]]) -> None:
             setattr(module, name, timed)
 
 
-async def run(database_url: str, redis_url: str, namespace: str, kind: str, count: int, seed: int, slowest: int) -> None:
+async def run(
+    database_url: str, redis_url: str, namespace: str, kind: str, count: int, seed: int, slowest: int, local_df: bool = False,
+) -> None:
     timings: dict[str, list[float]] = defaultdict(list)
     _instrument(timings)
     settings = RecallSettings()
@@ -81,6 +84,7 @@ async def run(database_url: str, redis_url: str, namespace: str, kind: str, coun
     res = ReadResources(
         pool=pool, embedder=load_embedder(latency=True), tokens=TokenCounter(model_dir() / "tokenizer.json"), settings=settings,
         effects=SideEffects(pool, redis, replica="profile"), redis=redis,
+        df_cache=DocumentFrequencies(None if local_df else redis),
     )
     embed = res.embed_query
 
@@ -130,8 +134,10 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--slowest", type=int, default=8, help="queries whose stages are listed one by one, slowest first")
+    parser.add_argument("--local-df", action="store_true",
+                        help="count document frequencies in this process only, without the replicas' shared counts in Redis")
     args = parser.parse_args()
-    asyncio.run(run(args.database_url, args.redis_url, args.namespace, args.kind, args.queries, args.seed, args.slowest))
+    asyncio.run(run(args.database_url, args.redis_url, args.namespace, args.kind, args.queries, args.seed, args.slowest, args.local_df))
 
 
 if __name__ == "__main__":

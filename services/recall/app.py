@@ -18,6 +18,7 @@ from services.recall.api import router, tool_handlers
 from services.recall.effects import SideEffects
 from services.recall.memory_api import router as memory_export_router
 from services.recall.routing import route_reads
+from services.recall.search import DocumentFrequencies
 from services.recall.service import ReadResources
 from shared.db import create_pool
 from shared.domain.keywords import korean_morphemes
@@ -59,7 +60,8 @@ def create_app(settings: RecallSettings | None = None) -> FastAPI:
         app.state.settings = settings
         app.state.read_router = read_router
         app.state.resources = ReadResources(
-            pool=read_router.pool, embedder=embedder, tokens=tokens, settings=settings, effects=effects, redis=redis
+            pool=read_router.pool, embedder=embedder, tokens=tokens, settings=settings, effects=effects, redis=redis,
+            df_cache=DocumentFrequencies(redis),
         )
         drainer = asyncio.create_task(effects.run())
         checker = asyncio.create_task(read_router.run()) if read_router.enabled else None

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import json
+import logging
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -12,6 +14,8 @@ from dataclasses import dataclass, field, replace
 import asyncpg
 import numpy as np
 from cachetools import TTLCache
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from services.recall.fusion import (
     RM3_FEEDBACK,
@@ -29,6 +33,8 @@ from shared.domain.principal import Principal
 from shared.domain.search import FragmentFilter, RankedHit
 from shared.repositories import fragments as fragments_repo
 from shared.repositories import retrieval, vector_search
+
+logger = logging.getLogger(__name__)
 
 # Candidates each layer contributes before fusion; pageSize is at most 50. Depth 50 and 100
 # scored the same on LoCoMo dev (0.735 / 0.739); 60 leaves room for a full page.
@@ -89,39 +95,91 @@ TIME_LEXEMES = ("yesterday", "today", "tonight", "ago", "last", "recent", "late"
 # Document frequencies are reused this long per (scope, term): BM25's IDF barely moves in
 # minutes, and counting a term's rows is the costliest part of L2 at 100k fragments.
 DF_TTL_S = 300.0
+# A count that reached retrieval.DF_CAP is reused this long: a scope that holds a term that
+# often keeps holding it while it grows, and the capped IDF moves little while it shrinks.
+# Such terms are most of a large scope's query words and the costly ones to count (DF_CAP
+# postings read): at 1M fragments, 241 of 270 distinct query terms, 1.4 ms each against 0.5
+# for the rest (bench/README, session 19).
+DF_SATURATED_TTL_S = 3600.0
 DF_CACHE_MAX = 200_000
+# The counts are shared by every recall replica through Redis: a replica that starts (a
+# rollout, the autoscaler) finds what its peers counted, and N replicas count a term once
+# per TTL instead of N times. The scope part is a hash of the caller's tenant, visible keys
+# and workspace, as in the per-process cache, so a tenant never reads another's counts.
+DF_KEY = "engram:df:{scope}:{term}"
+
+
+def df_scope(principal: Principal, corpus: FragmentFilter) -> str:
+    """The scope a term's count belongs to: the caller's tenant, visible keys and workspace."""
+    scope = json.dumps([principal.key_id, principal.visible_key_ids, corpus.workspace], default=str)
+    return hashlib.sha256(scope.encode()).hexdigest()[:32]
 
 
 class DocumentFrequencies:
-    """Per-process cache of term document frequencies by caller scope (owned by the app state)."""
+    """Term document frequencies by caller scope (owned by the app state): this process's
+    cache, then the replicas' shared one in Redis when there is one, then counted. A count
+    taken from Redis starts a fresh TTL here, so one lives at most twice its TTL."""
 
-    def __init__(self) -> None:
+    def __init__(self, redis: Redis | None = None) -> None:
         self._entries: TTLCache[tuple[str, str], int] = TTLCache(DF_CACHE_MAX, DF_TTL_S)
+        self._saturated: TTLCache[tuple[str, str], int] = TTLCache(DF_CACHE_MAX, DF_SATURATED_TTL_S)
+        self._redis = redis
 
     def get_many(self, scope: str, terms: list[str]) -> dict[str, int]:
         out = {}
         for term in terms:
-            df = self._entries.get((scope, term))
+            df = self._saturated.get((scope, term))
+            if df is None:
+                df = self._entries.get((scope, term))
             if df is not None:
                 out[term] = df
         return out
 
     def put(self, scope: str, dfs: dict[str, int]) -> None:
         for term, df in dfs.items():
-            self._entries[(scope, term)] = df
+            (self._saturated if df >= retrieval.DF_CAP else self._entries)[(scope, term)] = df
 
     async def lookup(
         self, conn: asyncpg.Connection, principal: Principal, corpus: FragmentFilter, terms: list[str]
     ) -> dict[str, int]:
         """Document frequencies of `terms` in the caller's corpus: cached ones, the rest counted."""
-        scope = json.dumps([principal.key_id, principal.visible_key_ids, corpus.workspace], default=str)
+        scope = df_scope(principal, corpus)
         dfs = self.get_many(scope, terms)
         missing = [t for t in terms if t not in dfs]
         if missing:
+            shared = await self._shared(scope, missing)
+            self.put(scope, shared)
+            dfs.update(shared)
+            missing = [t for t in missing if t not in shared]
+        if missing:
             fresh = await retrieval.document_frequencies(conn, principal, corpus, missing)
             self.put(scope, fresh)
+            await self._share(scope, fresh)
             dfs.update(fresh)
         return dfs
+
+    async def _shared(self, scope: str, terms: list[str]) -> dict[str, int]:
+        """What the replicas counted of `terms` in this scope; {} without Redis or when it fails
+        (then the terms are counted, as without it)."""
+        if self._redis is None:
+            return {}
+        try:
+            values = await self._redis.mget([DF_KEY.format(scope=scope, term=t) for t in terms])
+        except RedisError:
+            return {}
+        return {t: int(v) for t, v in zip(terms, values, strict=True) if v is not None and v.isdigit()}
+
+    async def _share(self, scope: str, dfs: dict[str, int]) -> None:
+        if self._redis is None or not dfs:
+            return
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for term, df in dfs.items():
+                    pipe.set(DF_KEY.format(scope=scope, term=term), df,
+                             ex=int(DF_SATURATED_TTL_S if df >= retrieval.DF_CAP else DF_TTL_S))
+                await pipe.execute()
+        except RedisError:
+            logger.warning("could not share document frequencies through Redis")
 
 
 @dataclass
