@@ -115,15 +115,22 @@ def df_scope(principal: Principal, corpus: FragmentFilter) -> str:
     return hashlib.sha256(scope.encode()).hexdigest()[:32]
 
 
+def _saturated(df: int) -> bool:
+    """Whether a count reached retrieval.DF_CAP (kept DF_SATURATED_TTL_S, not DF_TTL_S)."""
+    return df >= retrieval.DF_CAP
+
+
 class DocumentFrequencies:
     """Term document frequencies by caller scope (owned by the app state): this process's
     cache, then the replicas' shared one in Redis when there is one, then counted. A count
-    taken from Redis starts a fresh TTL here, so one lives at most twice its TTL."""
+    taken from Redis starts a fresh TTL here, so one lives at most twice its TTL. Counts go
+    to Redis after the reply, off the request path, as recall's L1 writes do."""
 
     def __init__(self, redis: Redis | None = None) -> None:
         self._entries: TTLCache[tuple[str, str], int] = TTLCache(DF_CACHE_MAX, DF_TTL_S)
         self._saturated: TTLCache[tuple[str, str], int] = TTLCache(DF_CACHE_MAX, DF_SATURATED_TTL_S)
         self._redis = redis
+        self._writes: set[asyncio.Task[None]] = set()  # shares in flight (held so they are not collected)
 
     def get_many(self, scope: str, terms: list[str]) -> dict[str, int]:
         out = {}
@@ -137,7 +144,7 @@ class DocumentFrequencies:
 
     def put(self, scope: str, dfs: dict[str, int]) -> None:
         for term, df in dfs.items():
-            (self._saturated if df >= retrieval.DF_CAP else self._entries)[(scope, term)] = df
+            (self._saturated if _saturated(df) else self._entries)[(scope, term)] = df
 
     async def lookup(
         self, conn: asyncpg.Connection, principal: Principal, corpus: FragmentFilter, terms: list[str]
@@ -154,7 +161,10 @@ class DocumentFrequencies:
         if missing:
             fresh = await retrieval.document_frequencies(conn, principal, corpus, missing)
             self.put(scope, fresh)
-            await self._share(scope, fresh)
+            if self._redis is not None and fresh:
+                task = asyncio.ensure_future(self._share(self._redis, scope, fresh))
+                self._writes.add(task)
+                task.add_done_callback(self._writes.discard)
             dfs.update(fresh)
         return dfs
 
@@ -169,14 +179,17 @@ class DocumentFrequencies:
             return {}
         return {t: int(v) for t, v in zip(terms, values, strict=True) if v is not None and v.isdigit()}
 
-    async def _share(self, scope: str, dfs: dict[str, int]) -> None:
-        if self._redis is None or not dfs:
-            return
+    async def settled(self) -> None:
+        """Wait for the counts on their way to Redis."""
+        while self._writes:
+            await asyncio.gather(*self._writes)
+
+    @staticmethod
+    async def _share(redis: Redis, scope: str, dfs: dict[str, int]) -> None:
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
+            async with redis.pipeline(transaction=False) as pipe:
                 for term, df in dfs.items():
-                    pipe.set(DF_KEY.format(scope=scope, term=term), df,
-                             ex=int(DF_SATURATED_TTL_S if df >= retrieval.DF_CAP else DF_TTL_S))
+                    pipe.set(DF_KEY.format(scope=scope, term=term), df, ex=int(DF_SATURATED_TTL_S if _saturated(df) else DF_TTL_S))
                 await pipe.execute()
         except RedisError:
             logger.warning("could not share document frequencies through Redis")

@@ -5,6 +5,7 @@ Redis away the counts are taken from Postgres as before."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -73,7 +74,9 @@ async def _lookup(stack: Stack, dfs: DocumentFrequencies, principal: Principal, 
     try:
         async with pool.acquire() as conn:
             terms = await retrieval.query_terms(conn, text, [])
-            return await dfs.lookup(conn, principal, FragmentFilter(workspace=ws), terms)
+            found = await dfs.lookup(conn, principal, FragmentFilter(workspace=ws), terms)
+        await dfs.settled()  # what was counted is in Redis (shared after the lookup returns)
+        return found
     finally:
         await pool.close()
 
@@ -144,5 +147,10 @@ async def test_the_recall_service_shares_what_it_counts(
         reply = await call(s, "recall", {"text": "how long does restoring the orders database take", "workspace": ws})
     assert reply["fragments"]
     scope = df_scope(a, FragmentFilter(workspace=ws))
+    # The service shares its counts after the reply: wait for them (up to 5 s), then check them.
+    for _ in range(50):
+        if await redis.exists(DF_KEY.format(scope=scope, term="databas")):
+            break
+        await asyncio.sleep(0.1)
     assert await redis.get(DF_KEY.format(scope=scope, term="databas")) == b"2"
     assert await redis.get(DF_KEY.format(scope=scope, term="order")) == b"3"
