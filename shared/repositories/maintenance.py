@@ -245,11 +245,19 @@ async def unreflected_sessions(conn: asyncpg.Connection, limit: int) -> list[asy
 # never add up to autovacuum's threshold, while each one clears its page's all-visible bit, and
 # an index-only scan then reads that heap page for every row on it. At 1M fragments a few
 # hundred recall passes left 8.5% of the heap pages not all-visible (bench/README.md, session 15).
+#
+# A VACUUM that finds dead row versions also cleans them out of every index, the HNSW graphs
+# included: at 1M fragments, 45k dead versions took 51 s. Under the pool's 30 s command timeout
+# it was cancelled, retried and cancelled again, every interval, and never finished.
+VACUUM_TIMEOUT_S = 1800.0
+
+
 async def vacuum_for_visibility(conn: asyncpg.Connection) -> dict[str, int]:
     """VACUUM fragments (outside a transaction; skipped while another VACUUM or a lock holds
     it, until the next run), then its heap pages and how many are all-visible, as VACUUM left
     pg_class. VACUUM reads only the pages the map does not mark all-visible, so a run costs
-    what the reads since the last one cleared."""
-    await conn.execute("VACUUM (SKIP_LOCKED) fragments")
+    what the reads since the last one cleared, and what index cleanup its dead versions need
+    (VACUUM_TIMEOUT_S)."""
+    await conn.execute("VACUUM (SKIP_LOCKED) fragments", timeout=VACUUM_TIMEOUT_S)
     row = await conn.fetchrow("SELECT relpages, relallvisible FROM pg_class WHERE oid = 'fragments'::regclass")
     return {"pages": int(row["relpages"]), "all_visible": int(row["relallvisible"])}
