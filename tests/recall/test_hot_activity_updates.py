@@ -1,18 +1,23 @@
 """Recall's side effects (access count, last access, activation) update the rows it returns in
 place: every fragments page keeps room for one more version of its rows (migration 0029), so
-the update is HOT, on the same page, and no index gets a new entry. At fillfactor 80 two rows
+the update is HOT, on the same page, and no index gets a new entry. The room is for one version:
+the next update finds it again once the page is pruned, which needs every older snapshot gone,
+so only the first update is deterministic enough to check, on a stack of its own without beat:
+in the shared stack another update (a maintenance cycle) can take that room first. At fillfactor 80 two rows
 of today's width (~3 KB, both vectors inline) filled a page, and every update went into all
 the table's indexes, its HNSW graphs included (132-164 ms for 20 rows at 1M)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import asyncpg
 import pytest
 
 from shared.db import SEARCH_PATH
-from tests.support import Stack, call, create_api_key, mcp_session, unique
+from tests.support import Stack, call, create_api_key, mcp_session, new_stack_config, running, unique
 
 SUBJECTS = ["billing", "search", "checkout", "inventory", "payments", "catalog", "shipping", "returns"]
 
@@ -22,9 +27,15 @@ def _turn(subject: str) -> str:
     return f"The {subject} runbook lists the dashboards to check first."
 
 
+@pytest.fixture(scope="module")
+async def quiet(stack_dir: Path) -> AsyncIterator[Stack]:
+    async with running(new_stack_config(stack_dir / "hot-updates", beat=False)) as own:
+        yield own
+
+
 @pytest.fixture
-async def db(stack: Stack):  # type: ignore[no-untyped-def]
-    conn = await asyncpg.connect(stack.database_url, server_settings={"search_path": SEARCH_PATH})
+async def db(quiet: Stack):  # type: ignore[no-untyped-def]
+    conn = await asyncpg.connect(quiet.database_url, server_settings={"search_path": SEARCH_PATH})
     yield conn
     await conn.close()
 
@@ -37,19 +48,19 @@ async def _rows(db: asyncpg.Connection, ids: list[str]) -> dict[str, asyncpg.Rec
     return {r["id"]: r for r in rows}
 
 
-async def _accessed(db: asyncpg.Connection, ids: list[str], times: int) -> dict[str, asyncpg.Record]:
+async def _accessed(db: asyncpg.Connection, ids: list[str]) -> dict[str, asyncpg.Record]:
     for _ in range(150):
         rows = await _rows(db, ids)
-        if all(r["access_count"] >= times for r in rows.values()):
+        if all(r["access_count"] >= 1 for r in rows.values()):
             return rows
         await asyncio.sleep(0.1)
     return await _rows(db, ids)
 
 
-async def test_recall_access_updates_stay_on_their_page(stack: Stack, mcp_url: str, db: asyncpg.Connection) -> None:
-    key, _ = await create_api_key(stack.database_url)
+async def test_recall_access_updates_stay_on_their_page(quiet: Stack, db: asyncpg.Connection) -> None:
+    key, _ = await create_api_key(quiet.database_url)
     ws = unique()
-    async with mcp_session(mcp_url, key) as s:
+    async with mcp_session(quiet.mcp_url, key) as s:
         stored = await call(s, "batch_remember", {"workspace": ws, "fragments": [
             {"content": _turn(subject), "topic": "operations", "type": "fact"} for subject in SUBJECTS]})
         ids = [r["id"] for r in stored["results"]]
@@ -57,10 +68,9 @@ async def test_recall_access_updates_stay_on_their_page(stack: Stack, mcp_url: s
         before = await _rows(db, ids)
         # Two rows of this width share a page at fillfactor 80 and leave it no room for a version.
         assert all(2720 < r["size"] <= 3260 for r in before.values())
-        for times in (1, 2):
-            found = await call(s, "recall", {"keywords": ["runbook"], "workspace": ws, "pageSize": len(SUBJECTS), "tokenBudget": 8000})
-            assert {f["id"] for f in found["fragments"]} == set(ids)
-            after = await _accessed(db, ids, times)
-            assert all(r["access_count"] >= times for r in after.values())
-            moved = {fid: (before[fid]["page"], r["page"]) for fid, r in after.items() if r["page"] != before[fid]["page"]}
-            assert moved == {}
+        found = await call(s, "recall", {"keywords": ["runbook"], "workspace": ws, "pageSize": len(SUBJECTS), "tokenBudget": 8000})
+        assert {f["id"] for f in found["fragments"]} == set(ids)
+    after = await _accessed(db, ids)
+    assert all(r["access_count"] >= 1 for r in after.values())
+    moved = {fid: (before[fid]["page"], r["page"]) for fid, r in after.items() if r["page"] != before[fid]["page"]}
+    assert moved == {}
