@@ -1,7 +1,7 @@
 -- Every page of fragments keeps room for one more version of any row on it, so that recall's
--- side effects (access count, last access, activation) and maintenance's rewrites of
--- importance, tier and activation stay HOT updates: the new version goes on the same page and
--- no index gets a new entry.
+-- side effects (access count, last access, activation) and maintenance's rewrites of tier and
+-- activation stay HOT updates: the new version goes on the same page and no index gets a new
+-- entry. (Importance is in the scope indexes, so an update of it is never HOT.)
 --
 -- 0005 set fillfactor 80 for this when a row was ~2.4 KB. 0027 added the half vector (~0.8 KB),
 -- and a row is now ~3.2 KB (the float and half vectors alone are 2.3 KB): two rows fill a page
