@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -42,6 +43,16 @@ async def running(config: StackConfig) -> AsyncIterator[Stack]:
         await asyncio.to_thread(stack.stop)
 
 
+async def wait_for(predicate: Any, timeout: float = 20.0, interval: float = 0.2) -> Any:  # noqa: ASYNC109
+    """Await predicate() until it returns something truthy or `timeout` passes; its last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        await asyncio.sleep(interval)
+
+
 def unique(prefix: str = "ws") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
@@ -51,7 +62,7 @@ async def call(session: Any, tool: str, arguments: dict[str, Any]) -> dict[str, 
     return payload(result)
 
 
-__all__ = ["Stack", "StackConfig", "call", "mcp_session", "new_stack_config", "payload", "unique"]
+__all__ = ["Stack", "StackConfig", "call", "mcp_session", "new_stack_config", "payload", "unique", "wait_for"]
 
 
 async def create_api_key(database_url: str, name: str | None = None, **fields: Any) -> tuple[str, str]:

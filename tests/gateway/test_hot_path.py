@@ -16,8 +16,8 @@ from mcp.shared.exceptions import MCPError
 
 from services.stack.supervisor import free_port
 from tests.gateway.conftest import Gateway, start_gateway
-from tests.gateway.wire import RawMcp, db, wait_for
-from tests.support import Stack, mcp_session, unique
+from tests.gateway.wire import RawMcp, db
+from tests.support import Stack, mcp_session, unique, wait_for
 
 ADMIN = "/v1/internal/model/nothing"
 

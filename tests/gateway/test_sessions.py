@@ -14,8 +14,8 @@ from mcp import ClientSession
 from mcp.client.sse import sse_client
 
 from tests.gateway.conftest import Gateway
-from tests.gateway.wire import RawMcp, db, rpc_body, wait_for
-from tests.support import Stack, call, create_api_key, mcp_session, unique
+from tests.gateway.wire import RawMcp, db, rpc_body
+from tests.support import Stack, call, create_api_key, mcp_session, unique, wait_for
 
 
 async def active_session(mcp: RawMcp) -> dict[str, Any]:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -91,10 +89,3 @@ class RawMcp:
         return await self.http.delete(self.url, headers=self._headers())
 
 
-async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.2):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        await asyncio.sleep(interval)

@@ -6,10 +6,10 @@ seconds; an OpenAI-compatible fake LLM answers at its HTTP boundary."""
 from __future__ import annotations
 
 import asyncio
-import tempfile
+import functools
 import json
+import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,6 +24,7 @@ import pytest
 from services.stack.supervisor import free_port
 from shared.db import SEARCH_PATH
 from shared.jobs import celery_client
+from tests import support
 from tests.support import Stack, new_stack_config
 
 
@@ -147,10 +148,5 @@ def producer(mstack: Stack) -> Any:
     return celery_client(mstack.redis_url)
 
 
-async def wait_for(predicate: Any, timeout: float = 90.0, interval: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        await asyncio.sleep(interval)
+# Maintenance jobs go through the broker and the worker: longer than the default wait.
+wait_for = functools.partial(support.wait_for, timeout=90.0, interval=0.25)

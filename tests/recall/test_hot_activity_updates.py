@@ -1,15 +1,15 @@
 """Recall's side effects (access count, last access, activation) update the rows it returns in
 place: every fragments page keeps room for one more version of its rows (migration 0029), so
-the update is HOT, on the same page, and no index gets a new entry. The room is for one version:
-the next update finds it again once the page is pruned, which needs every older snapshot gone,
-so only the first update is deterministic enough to check, on a stack of its own without beat:
-in the shared stack another update (a maintenance cycle) can take that room first. At fillfactor 80 two rows
+the update is HOT, on the same page, and no index gets a new entry. At fillfactor 80 two rows
 of today's width (~3 KB, both vectors inline) filled a page, and every update went into all
-the table's indexes, its HNSW graphs included (132-164 ms for 20 rows at 1M)."""
+the table's indexes, its HNSW graphs included (132-164 ms for 20 rows at 1M).
+
+The room is for one version: the next update finds it again once the page is pruned, which
+needs every older snapshot gone. So the first update is what is checked, on a stack of its
+own without beat: on the shared stack another update (a maintenance cycle) can take the room."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,7 +17,7 @@ import asyncpg
 import pytest
 
 from shared.db import SEARCH_PATH
-from tests.support import Stack, call, create_api_key, mcp_session, new_stack_config, running, unique
+from tests.support import Stack, call, create_api_key, mcp_session, new_stack_config, running, unique, wait_for
 
 SUBJECTS = ["billing", "search", "checkout", "inventory", "payments", "catalog", "shipping", "returns"]
 
@@ -48,15 +48,6 @@ async def _rows(db: asyncpg.Connection, ids: list[str]) -> dict[str, asyncpg.Rec
     return {r["id"]: r for r in rows}
 
 
-async def _accessed(db: asyncpg.Connection, ids: list[str]) -> dict[str, asyncpg.Record]:
-    for _ in range(150):
-        rows = await _rows(db, ids)
-        if all(r["access_count"] >= 1 for r in rows.values()):
-            return rows
-        await asyncio.sleep(0.1)
-    return await _rows(db, ids)
-
-
 async def test_recall_access_updates_stay_on_their_page(quiet: Stack, db: asyncpg.Connection) -> None:
     key, _ = await create_api_key(quiet.database_url)
     ws = unique()
@@ -70,7 +61,9 @@ async def test_recall_access_updates_stay_on_their_page(quiet: Stack, db: asyncp
         assert all(2720 < r["size"] <= 3260 for r in before.values())
         found = await call(s, "recall", {"keywords": ["runbook"], "workspace": ws, "pageSize": len(SUBJECTS), "tokenBudget": 8000})
         assert {f["id"] for f in found["fragments"]} == set(ids)
-    after = await _accessed(db, ids)
+    # The side effects land after the reply.
+    assert await wait_for(lambda: db.fetchval("SELECT bool_and(access_count >= 1) FROM fragments WHERE id = ANY($1::text[])", ids))
+    after = await _rows(db, ids)
     assert all(r["access_count"] >= 1 for r in after.values())
     moved = {fid: (before[fid]["page"], r["page"]) for fid, r in after.items() if r["page"] != before[fid]["page"]}
     assert moved == {}
