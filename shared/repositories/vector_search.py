@@ -143,10 +143,15 @@ def nearest_statement(
         f" WHERE (SELECT rows FROM n) <= (SELECT cap FROM t) AND {rng} AND {narrowing}"
         for rng in ranges
     ) or "SELECT NULL::text AS id, NULL::float8 AS distance WHERE FALSE"
+    # `scope` is NOT MATERIALIZED: Postgres inlines it, and its rows go straight into the
+    # shortlist's bounded sort. Materialized, every row of a scope near the cap was first
+    # written to a tuplestore and read back; at 1M, nearest() over 300 filtered queries (each
+    # plan's in a block, two blocks each) went from p95 21.5-21.9 to 18.2-18.4 ms and p99
+    # 23.7-24.1 to 19.7-20.0, the same ids in the same order (bench/README.md, session 21).
     sql = f"""
         WITH t AS MATERIALIZED (SELECT {_exact_cap(limit)} AS cap),
         n AS MATERIALIZED (SELECT {counts} AS rows),
-        scope AS MATERIALIZED ({exact}),
+        scope AS NOT MATERIALIZED ({exact}),
         shortlist AS MATERIALIZED (SELECT id FROM scope ORDER BY distance LIMIT {k} * {RERANK_SHARE}),
         exact AS MATERIALIZED (
             SELECT s.id, (SELECT f.embedding FROM fragments f WHERE f.id = s.id) <=> {vec} AS distance

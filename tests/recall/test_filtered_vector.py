@@ -92,7 +92,7 @@ async def _ran(
         if node.get("Actual Loops", 0) > 0:
             if node.get("Index Name", "").startswith("fragments_embedding_hnsw"):
                 graphs.add(node["Index Name"])
-            if cte == "scope" and node.get("Relation Name") == "fragments":
+            if cte == "shortlist" and node.get("Relation Name") == "fragments":
                 ran.add("exact")
         for child in node.get("Plans", []):
             walk(child, cte)
@@ -136,7 +136,8 @@ async def _scene(t: Tenants, seed: int) -> tuple[np.ndarray, dict[str, tuple[str
 
 
 async def _scope_reads(conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, query: np.ndarray, k: int) -> list[dict[str, Any]]:
-    """The executed scans of fragments inside the exact ranking (CTE scope), as plan nodes."""
+    """The executed scans of fragments inside the exact ranking, as plan nodes: under the
+    shortlist CTE, where the scope is inlined."""
     sql, values = vector_search.nearest_statement(principal, flt, query, k)
     plan = json.loads(await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", *values))[0]["Plan"]
     reads: list[dict[str, Any]] = []
@@ -144,7 +145,7 @@ async def _scope_reads(conn: asyncpg.Connection, principal: Principal, flt: Frag
     def walk(node: dict[str, Any], cte: str | None) -> None:
         name = node.get("Subplan Name", "")
         cte = name.removeprefix("CTE ") if name.startswith("CTE ") else cte
-        if cte == "scope" and node.get("Relation Name") == "fragments" and node.get("Actual Loops", 0) > 0:
+        if cte == "shortlist" and node.get("Relation Name") == "fragments" and node.get("Actual Loops", 0) > 0:
             reads.append(node)
         for child in node.get("Plans", []):
             walk(child, cte)
