@@ -136,3 +136,13 @@ def workspace_ranges(workspace: str | None, params: SqlParams, alias: str = "f")
     if workspace is None:
         return ["TRUE"]
     return [f"{alias}.workspace = {params.add(workspace)}", f"{alias}.workspace IS NULL"]
+
+
+def scope_workspace_ranges(scope: TenantScope, workspace: str | None, params: SqlParams, alias: str = "f") -> list[str]:
+    """scope_clause AND workspace_scope as disjoint clauses, each one range of an index led
+    by (key_id, workspace): scope_ranges x workspace_ranges. Empty when the scope is empty."""
+    return [
+        f"{tenant} AND {ws}"
+        for tenant in scope_ranges(scope, params, alias)
+        for ws in workspace_ranges(workspace, params, alias)
+    ]

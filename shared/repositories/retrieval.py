@@ -13,7 +13,7 @@ from cachetools import LRUCache
 
 from shared.domain.keywords import STOPWORDS
 from shared.domain.passages import LEAD_MAX, label_of
-from shared.domain.principal import Principal, SqlParams, scope_clause, scope_ranges, workspace_ranges
+from shared.domain.principal import Principal, SqlParams, scope_clause, scope_workspace_ranges
 from shared.domain.search import FragmentFilter, question_share
 from shared.repositories.fragments import filter_clauses, narrowing_clauses
 
@@ -222,7 +222,7 @@ class ScopeCount:
 
 def count_statement(principal: Principal, flt: FragmentFilter) -> tuple[str, list[object]]:
     """count_in_scope's count, up to SCOPE_COUNT_CAP: the scope as disjoint ranges of
-    fragments_scope_vectors (scope_ranges x workspace_ranges, whose union is filter_clauses'
+    fragments_scope_vectors (scope_workspace_ranges, whose union is filter_clauses'
     tenant and workspace scope), which carries the validity and session columns the corpus
     filter tests, so the count reads the index only (where the visibility map is set, which
     the maintenance VACUUM keeps). Written as one OR of a workspace and its
@@ -233,9 +233,7 @@ def count_statement(principal: Principal, flt: FragmentFilter) -> tuple[str, lis
     params = SqlParams()
     narrowing = " AND ".join(narrowing_clauses(flt, params)) or "TRUE"
     ranges = [
-        f"SELECT 1 FROM fragments f WHERE {tenant} AND {workspace} AND {narrowing}"
-        for tenant in scope_ranges(principal.reads, params)
-        for workspace in workspace_ranges(flt.workspace, params)
+        f"SELECT 1 FROM fragments f WHERE {rng} AND {narrowing}" for rng in scope_workspace_ranges(principal.reads, flt.workspace, params)
     ] or ["SELECT 1 WHERE FALSE"]
     return f"SELECT count(*) FROM ({' UNION ALL '.join(ranges)} LIMIT {SCOPE_COUNT_CAP}) s", params.values
 

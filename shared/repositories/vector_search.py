@@ -17,8 +17,8 @@ columns the filters test, so a scope is one contiguous index range read index-on
 RERANK_SHARE * k best of it are then ordered by their float embeddings, read by key). From
 the heap the scope cost one page per row (a tenant's rows are interleaved with everyone
 else's): at 1M, 14k pages for a scope of 14k rows. The scope is written as disjoint ranges
-of that index (scope_ranges x workspace_ranges, whose union is filter_clauses' tenant and
-workspace scope): an OR of ranges would be a bitmap scan, back on the heap.
+of that index (scope_workspace_ranges, whose union is filter_clauses' tenant and workspace
+scope): an OR of ranges would be a bitmap scan, back on the heap.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncpg
 import numpy as np
 
-from shared.domain.principal import Principal, SqlParams, scope_clause, scope_ranges, workspace_ranges
+from shared.domain.principal import Principal, SqlParams, scope_clause, scope_workspace_ranges, workspace_ranges
 from shared.domain.search import FragmentFilter
 from shared.repositories.fragments import filter_clauses, narrowing_clauses
 
@@ -133,11 +133,7 @@ def nearest_statement(
     counts = " + ".join(_scope_counts(principal, flt, params)) if scope_rows is None else f"{params.add(scope_rows)}::bigint"
     # embedding_half, not embedding: the covering index carries the one, not the other.
     narrowing = " AND ".join(["f.embedding_half IS NOT NULL", *narrowing_clauses(flt, params)])
-    ranges = [
-        f"{tenant} AND {workspace}"
-        for tenant in scope_ranges(principal.reads, params)
-        for workspace in workspace_ranges(flt.workspace, params)
-    ]
+    ranges = scope_workspace_ranges(principal.reads, flt.workspace, params)
     exact = " UNION ALL ".join(
         f"SELECT f.id, f.embedding_half <=> {vec}::vector::halfvec AS distance FROM fragments f"
         f" WHERE (SELECT rows FROM n) <= (SELECT cap FROM t) AND {rng} AND {narrowing}"
