@@ -8,6 +8,7 @@ import asyncpg
 
 from shared.db import SEARCH_PATH
 from shared.repositories import fragments as fragments_repo
+from shared.repositories import locks
 from tests.support import Stack, call, mcp_session, unique
 
 
@@ -38,3 +39,23 @@ async def test_statistics_follow_a_write_that_outgrows_them(stack: Stack) -> Non
         assert await _analyze_count(conn) > before
     finally:
         await conn.close()
+
+
+async def test_one_young_store_refresh_at_a_time(stack: Stack) -> None:
+    """A write that outgrows the statistics while another connection refreshes them leaves
+    the refresh to it (concurrent batches on a young store each ran their own ANALYZEs)."""
+    holder = await asyncpg.connect(stack.database_url, server_settings={"search_path": SEARCH_PATH})
+    conn = await asyncpg.connect(stack.database_url, server_settings={"search_path": SEARCH_PATH})
+    try:
+        known = await conn.fetchval("SELECT reltuples FROM pg_class WHERE oid = 'fragments'::regclass")
+        outgrowing = max(int(known), 0) + 1
+        assert await locks.try_lock(holder, fragments_repo.YOUNG_STORE_LOCK)  # a refresh under way
+        assert not await fragments_repo.refresh_statistics_if_young(conn, outgrowing)
+        await locks.unlock(holder, fragments_repo.YOUNG_STORE_LOCK)  # ... and done
+        assert await fragments_repo.refresh_statistics_if_young(conn, outgrowing)
+        # the lock is released after the refresh: the next one can take it
+        assert await locks.try_lock(holder, fragments_repo.YOUNG_STORE_LOCK)
+        await locks.unlock(holder, fragments_repo.YOUNG_STORE_LOCK)
+    finally:
+        await conn.close()
+        await holder.close()
