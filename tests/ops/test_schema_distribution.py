@@ -130,7 +130,6 @@ FK_EXCEPTIONS: dict[str, str] = {
     "passage_backfill_fragment_id_fkey": MASTER_CASCADE,
     "mnemory_memories_fragment_id_fkey": MASTER_CASCADE,
     "fragment_artifacts_fragment_id_fkey": MASTER_CASCADE,
-    "fragment_terms_fragment_id_fkey": "postings: trigger-kept, rebuilt at the move",
     "fragment_links_from_id_fkey": "links may cross tenants of one group",
     "fragment_links_to_id_fkey": "links may cross tenants of one group",
     # A case event is the caller's; the fragment it names may be a group member's.
