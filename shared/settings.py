@@ -348,6 +348,11 @@ class MaintenanceSettings(CommonSettings):
     # vacuum_for_visibility): recall's own row updates clear the visibility map without ever
     # reaching autovacuum's dead-tuple threshold. 0 = off.
     visibility_vacuum_interval: timedelta = Field(timedelta(minutes=10), alias="VISIBILITY_VACUUM_INTERVAL")
+    # A fragment type's own HNSW graph is built (concurrently) once the type has this many rows
+    # (shared.repositories.type_graphs; migration 0032 drops smaller types' graphs). The check
+    # runs every type_graph_interval; 0 = off (no graph is built or dropped by the worker).
+    type_graph_min_rows: int = Field(100_000, alias="TYPE_GRAPH_MIN_ROWS", ge=1)
+    type_graph_interval: timedelta = Field(timedelta(minutes=10), alias="TYPE_GRAPH_INTERVAL")
     # An open session idle this long is ended ("expired") and reflected by the sweep.
     session_idle_ttl: timedelta = Field(timedelta(hours=24), alias="SESSION_IDLE_TTL")
     # mnemory: FSCK_AUTO_INTERVAL hours, 0 = off; thresholds for what auto-fsck applies.

@@ -36,6 +36,8 @@ def beat_schedule(s: MaintenanceSettings) -> dict[str, dict]:
         schedule["maintenance.visibility_vacuum"] = {
             "task": "maintenance.visibility_vacuum", "schedule": s.visibility_vacuum_interval.total_seconds(),
         }
+    if s.type_graph_interval.total_seconds() > 0:
+        schedule["maintenance.type_graphs"] = {"task": "maintenance.type_graphs", "schedule": s.type_graph_interval.total_seconds()}
     if s.fsck_auto_interval.total_seconds() > 0:
         schedule["maintenance.auto_fsck"] = {"task": "maintenance.auto_fsck", "schedule": s.fsck_auto_interval.total_seconds()}
     return schedule

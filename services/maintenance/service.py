@@ -21,6 +21,7 @@ from shared.recall_cache import bump_recall_generation
 from shared.repositories import links as links_repo
 from shared.repositories import locks as locks_repo
 from shared.repositories import maintenance as runs_repo
+from shared.repositories import type_graphs as type_graphs_repo
 from shared.repositories.maintenance import Tenant
 from shared.telemetry import correlation_id
 
@@ -51,6 +52,16 @@ async def visibility_vacuum(pool: asyncpg.Pool) -> dict[str, int]:
         state = await runs_repo.vacuum_for_visibility(conn)
     logger.info("visibility vacuum: fragments all-visible %s of %s pages", state["all_visible"], state["pages"])
     return state
+
+
+async def type_graphs(pool: asyncpg.Pool, min_rows: int) -> list[str]:
+    """Each fragment type's own HNSW graph, built once the type has `min_rows` rows
+    (shared.repositories.type_graphs)."""
+    async with pool.acquire() as conn:
+        built = await type_graphs_repo.ensure_type_graphs(conn, min_rows)
+    if built:
+        logger.info("type graphs built: %s", ", ".join(built))
+    return built
 
 
 async def _invalidate_recall_cache(rt: WorkerRuntime) -> None:

@@ -37,6 +37,12 @@ def visibility_vacuum() -> dict[str, int]:
     return runtime().run(service.visibility_vacuum)
 
 
+@app.task(name="maintenance.type_graphs", autoretry_for=RETRYABLE, **RETRY)
+def type_graphs() -> list[str]:
+    rt = runtime()
+    return rt.run(lambda pool: service.type_graphs(pool, rt.settings.type_graph_min_rows))
+
+
 @app.task(name="maintenance.consolidate", autoretry_for=RETRYABLE, **RETRY)
 def consolidate(run_id: int | None = None, tenant: str | None = None, stages: list[str] | None = None) -> dict[str, Any]:
     """run_id: a maintenance_runs row made by the caller (memory_consolidate); without it

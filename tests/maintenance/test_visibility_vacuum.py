@@ -76,3 +76,13 @@ def test_beat_runs_it_every_ten_minutes_and_zero_turns_it_off() -> None:
     assert schedule["maintenance.visibility_vacuum"]["schedule"] == timedelta(minutes=10).total_seconds()
     off = MaintenanceSettings.model_validate({"VISIBILITY_VACUUM_INTERVAL": "PT0S"})
     assert "maintenance.visibility_vacuum" not in beat_schedule(off)
+
+
+def test_beat_checks_the_type_graphs_every_ten_minutes_and_zero_turns_it_off() -> None:
+    from services.maintenance.celery_app import beat_schedule
+    from shared.settings import MaintenanceSettings
+
+    schedule = beat_schedule(MaintenanceSettings())
+    assert schedule["maintenance.type_graphs"] == {"task": "maintenance.type_graphs", "schedule": 600.0}
+    off = MaintenanceSettings.model_validate({"TYPE_GRAPH_INTERVAL": "PT0S"})
+    assert "maintenance.type_graphs" not in beat_schedule(off)

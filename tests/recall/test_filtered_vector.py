@@ -9,6 +9,7 @@ import hashlib
 import json
 import re
 import uuid
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -22,7 +23,7 @@ from shared.domain.principal import Principal
 from shared.domain.search import FragmentFilter
 from shared.embeddings import load_embedder
 from shared.repositories import fragments as fragments_repo
-from shared.repositories import vector_search
+from shared.repositories import type_graphs, vector_search
 from tests.support import Stack, create_api_key, facts_beside_another_tenant, unique
 
 DIM = 384
@@ -44,6 +45,13 @@ async def _broad(conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch, floo
     monkeypatch.setattr(vector_search, "EXACT_SCOPE_FLOOR", floor)
     monkeypatch.setattr(vector_search, "EXACT_WEIGHT", weight)
     await conn.execute("SET enable_sort = off")
+
+
+async def _with_type_graphs(conn: asyncpg.Connection) -> None:
+    """The type graphs of the suite's store, which is far below TYPE_GRAPH_MIN_ROWS (migration
+    0032 leaves a small store without them): built for every type it holds."""
+    await conn.execute("ANALYZE fragments")
+    await type_graphs.ensure_type_graphs(conn, 1, concurrently=False)
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
@@ -307,6 +315,7 @@ async def test_a_broad_scope_of_one_type_walks_that_type_s_graph(tenants: Tenant
     (migration 0028: a few times fewer tuples visited before k pass); a scope of two types walks
     the whole table's graph. Both keep every filter and fill k."""
     query, rows, foreign = await _scene(tenants, seed=9)
+    await _with_type_graphs(tenants.conn)
     await _broad(tenants.conn, monkeypatch)
     for types, graph in ((("fact",), "fragments_embedding_hnsw_fact"),
                          (("decision",), "fragments_embedding_hnsw_decision"),
@@ -330,6 +339,7 @@ async def test_a_pooled_connection_keeps_walking_the_graph_after_its_first_relea
     miss. Set once by a `SET` on a new connection (as recall did until session 18) they were
     gone after the first release, and this scope came back with a handful of rows."""
     query, rows, _ = await _scene(tenants, seed=10)
+    await _with_type_graphs(tenants.conn)
     await _broad(tenants.conn, monkeypatch)
     flt = FragmentFilter(workspace=tenants.ws, types=("fact",), min_importance=0.4)
     pool = await create_pool(stack.database_url, min_size=1, max_size=1, server_settings=vector_search.graph_settings(57))
@@ -349,25 +359,50 @@ async def test_a_pooled_connection_keeps_walking_the_graph_after_its_first_relea
         await pool.close()
 
 
-async def test_every_type_has_its_graph(conn: asyncpg.Connection) -> None:
-    """One partial HNSW graph per type fragments_type_check allows, each over exactly that type's
-    rows and with the whole graph's operator class: a type added to the check without its graph
-    would send its broad scopes back to the whole table's."""
-    check = await conn.fetchval(
-        "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'fragments_type_check'"
-    )
-    types = set(re.findall(r"'(\w+)'::text", check))
-    graphs = {r["indexname"]: r["indexdef"] for r in await conn.fetch(
+async def _graphs(conn: asyncpg.Connection) -> dict[str, str]:
+    return {r["indexname"]: r["indexdef"] for r in await conn.fetch(
         "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema() AND tablename = 'fragments'"
         " AND indexdef ILIKE '%USING hnsw%'"
     )}
 
-    assert {"fact", "decision", "episode"} <= types
-    assert set(graphs) == {"fragments_embedding_hnsw"} | {f"fragments_embedding_hnsw_{t}" for t in types}
-    for t in types:
+
+async def test_a_type_gets_its_graph_once_it_has_the_rows(tenants: Tenants) -> None:
+    """Migration 0032 and the maintenance worker's type_graphs task: a type's own graph is
+    built (concurrently) once the statistics give the type TYPE_GRAPH_MIN_ROWS rows, one per
+    type fragments_type_check allows, with the whole graph's operator class; an interrupted
+    build's invalid index is built again; the migration drops the graphs of a store whose
+    types are all below 100,000 rows, as the suite's is."""
+    conn = tenants.conn
+    await _scene(tenants, seed=12)  # facts and decisions at least
+    await conn.execute("ANALYZE fragments")
+    held = await type_graphs.estimated_rows(conn)
+    types = set(await type_graphs.fragment_types(conn))
+    assert {"fact", "decision", "episode"} <= types and held["fact"] > 0 and held["decision"] > 0
+
+    migration = Path(__file__).resolve().parents[2] / "shared" / "schema" / "migrations" / "0032_type_graphs_when_they_pay.sql"
+    await conn.execute(migration.read_text())
+    assert set(await _graphs(conn)) == {"fragments_embedding_hnsw"}  # every type below 100k rows
+
+    assert await type_graphs.ensure_type_graphs(conn, 10**9) == []  # none has that many
+    assert set(await _graphs(conn)) == {"fragments_embedding_hnsw"}
+
+    built = await type_graphs.ensure_type_graphs(conn, 1)
+    have = {t for t, n in held.items() if n >= 1}
+    assert set(built) == have
+    graphs = await _graphs(conn)
+    assert set(graphs) == {"fragments_embedding_hnsw"} | {f"fragments_embedding_hnsw_{t}" for t in have}
+    for t in have:
         definition = graphs[f"fragments_embedding_hnsw_{t}"]
         assert "(embedding vector_cosine_ops)" in definition
         assert definition.endswith(f"WHERE (type = '{t}'::text)"), definition
+    assert await type_graphs.existing(conn) == dict.fromkeys(have, True)
+    assert await type_graphs.ensure_type_graphs(conn, 1) == []  # nothing left to build
+
+    # A concurrent build that did not finish leaves its index invalid: it is built again.
+    await conn.execute("UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'fragments_embedding_hnsw_fact'::regclass")
+    assert (await type_graphs.existing(conn))["fact"] is False
+    assert await type_graphs.ensure_type_graphs(conn, 1) == ["fact"]
+    assert (await type_graphs.existing(conn))["fact"] is True
 
 
 async def test_the_exact_scope_is_read_from_the_index_not_the_heap(tenants: Tenants) -> None:
