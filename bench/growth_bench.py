@@ -152,9 +152,9 @@ async def top_up(database_url: str, memories: list[Memory], namespace: str, embe
         ids = [fid for part, _ in loaded for fid in part]  # in the corpus' order: the parts are in order
         seconds = time.perf_counter() - began
         began = time.perf_counter()
+        await conn.execute(f"SET maintenance_work_mem = '{BUILD_MEMORY}'")
+        await conn.execute("SET max_parallel_maintenance_workers = 2")
         for definition in definitions:
-            await conn.execute(f"SET maintenance_work_mem = '{BUILD_MEMORY}'")
-            await conn.execute("SET max_parallel_maintenance_workers = 2")
             await conn.execute(definition)
         if definitions:
             built = time.perf_counter() - began
@@ -170,8 +170,6 @@ async def top_up(database_url: str, memories: list[Memory], namespace: str, embe
         # The type graphs the maintenance worker would build within its next interval (the
         # types past TYPE_GRAPH_MIN_ROWS now), built here so that nothing is timed beside them.
         began = time.perf_counter()
-        await conn.execute(f"SET maintenance_work_mem = '{BUILD_MEMORY}'")
-        await conn.execute("SET max_parallel_maintenance_workers = 2")
         built_types = await type_graphs.ensure_type_graphs(conn, TYPE_GRAPH_MIN_ROWS, concurrently=False)
         if built_types:
             print(f"  type graphs {', '.join(built_types)} built in {time.perf_counter() - began:.0f} s", flush=True)

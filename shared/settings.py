@@ -350,7 +350,7 @@ class MaintenanceSettings(CommonSettings):
     visibility_vacuum_interval: timedelta = Field(timedelta(minutes=10), alias="VISIBILITY_VACUUM_INTERVAL")
     # A fragment type's own HNSW graph is built (concurrently) once the type has this many rows
     # (shared.repositories.type_graphs; migration 0032 drops smaller types' graphs). The check
-    # runs every type_graph_interval; 0 = off (no graph is built or dropped by the worker).
+    # runs every type_graph_interval; 0 = off (the worker builds none).
     type_graph_min_rows: int = Field(100_000, alias="TYPE_GRAPH_MIN_ROWS", ge=1)
     type_graph_interval: timedelta = Field(timedelta(minutes=10), alias="TYPE_GRAPH_INTERVAL")
     # An open session idle this long is ended ("expired") and reflected by the sweep.

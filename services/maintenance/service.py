@@ -58,10 +58,7 @@ async def type_graphs(pool: asyncpg.Pool, min_rows: int) -> list[str]:
     """Each fragment type's own HNSW graph, built once the type has `min_rows` rows
     (shared.repositories.type_graphs)."""
     async with pool.acquire() as conn:
-        built = await type_graphs_repo.ensure_type_graphs(conn, min_rows)
-    if built:
-        logger.info("type graphs built: %s", ", ".join(built))
-    return built
+        return await type_graphs_repo.ensure_type_graphs(conn, min_rows)
 
 
 async def _invalidate_recall_cache(rt: WorkerRuntime) -> None:

@@ -15,10 +15,11 @@ INDEX CONCURRENTLY, writes go on) once the planner's statistics put the type pas
 from __future__ import annotations
 
 import logging
-import re
+from typing import get_args
 
 import asyncpg
 
+from shared.domain.fragment import FragmentType
 from shared.repositories import locks
 
 logger = logging.getLogger(__name__)
@@ -27,12 +28,10 @@ GRAPH_PREFIX = "fragments_embedding_hnsw_"
 # A type graph over a few hundred thousand rows takes minutes to build on two cores.
 BUILD_TIMEOUT_S = 7200.0
 _LOCK = "engram:type-graphs"
+# Every type a fragment can have (fragments_type_check allows the same).
+FRAGMENT_TYPES: tuple[str, ...] = get_args(FragmentType)
 
 
-async def fragment_types(conn: asyncpg.Connection) -> list[str]:
-    """The types fragments_type_check allows."""
-    check = await conn.fetchval("SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'fragments_type_check'")
-    return re.findall(r"'(\w+)'::text", check or "")
 
 
 async def existing(conn: asyncpg.Connection) -> dict[str, bool]:
@@ -80,7 +79,7 @@ async def ensure_type_graphs(conn: asyncpg.Connection, min_rows: int, *, concurr
     built: list[str] = []
     try:
         graphs, rows = await existing(conn), await estimated_rows(conn)
-        for kind in await fragment_types(conn):
+        for kind in FRAGMENT_TYPES:
             if graphs.get(kind) or rows.get(kind, 0) < min_rows:
                 continue
             if kind in graphs:  # invalid
