@@ -40,6 +40,7 @@ from prometheus_client import Counter, Gauge
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
+from shared import background
 from shared.domain.principal import TenantScope
 from shared.repositories import memory_event_outbox as outbox_repo
 from shared.repositories.memory_event_outbox import OutboxEvent
@@ -261,8 +262,7 @@ class MemoryEventRelay:
         try:
             await self._relay()
         finally:
-            listening.cancel()
-            await asyncio.gather(listening, return_exceptions=True)
+            await background.stop(listening)
 
     async def _relay(self) -> None:
         while True:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -16,7 +15,7 @@ from services.common.internal import NATIVE_TELEMETRY_OFF, install_internal_api
 from services.ingest.api import router, tool_handlers
 from services.ingest.memory_import import router as memory_import_router
 from services.ingest.service import INLINE_JOBS, WriteResources
-from shared import memory_events
+from shared import background, memory_events
 from shared.db import create_pool
 from shared.embeddings import load_embedder
 from shared.job_relay import OutboxRelay
@@ -64,11 +63,7 @@ def create_app(settings: IngestSettings | None = None) -> FastAPI:
         try:
             yield
         finally:
-            for task in (relaying, publishing):
-                if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+            await background.stop(relaying, publishing)
             if redis is not None:
                 await redis.aclose()
             await pool.close()

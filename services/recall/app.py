@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import socket
 from collections.abc import AsyncIterator
@@ -20,6 +19,7 @@ from services.recall.memory_api import router as memory_export_router
 from services.recall.routing import route_reads
 from services.recall.search import DocumentFrequencies
 from services.recall.service import ReadResources
+from shared import background
 from shared.db import create_pool
 from shared.domain.keywords import korean_morphemes
 from shared.domain.tokens import TokenCounter
@@ -70,13 +70,7 @@ def create_app(settings: RecallSettings | None = None) -> FastAPI:
             yield
         finally:
             await effects.stop()
-            drainer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await drainer
-            if checker is not None:
-                checker.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await checker
+            await background.stop(drainer, checker)
             await read_router.close()
             if redis is not None:
                 await redis.aclose()

@@ -47,6 +47,7 @@ from services.gateway.core.caller import API_KEY_HEADER, caller, has_permission
 from services.gateway.core.scope import TOKEN_SCOPE_KEY
 from services.gateway.core.state import gateway_state
 from services.gateway.memory_api.wire import error_response, oauth_token
+from shared import background
 from shared.domain.principal import Principal, TenantScope
 from shared.memory_events import (
     EVENT_TYPES,
@@ -155,9 +156,7 @@ async def running(app: FastAPI, settings: GatewaySettings) -> AsyncIterator[None
     try:
         yield
     finally:
-        reading.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reading
+        await background.stop(reading)
         await client.aclose()
 
 

@@ -69,6 +69,7 @@ from services.gateway.sessions.store import (
     Recorded,
     SessionStore,
 )
+from shared import background
 from shared.domain.principal import Principal
 from shared.jobs import send_job
 from shared.repositories import sessions as sessions_repo
@@ -541,8 +542,7 @@ class Sessions:
         try:
             yield
         finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await background.stop(task)
             await self.flush_all()
 
     async def _background(self) -> None:
