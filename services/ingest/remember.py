@@ -3,6 +3,7 @@ policy gate."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import asyncpg
@@ -112,11 +113,19 @@ async def remember(res: WriteResources, jobs: JobBuffer, ctx: ToolContext, argum
             existing = await idempotency_repo.lookup(conn, principal.key_id, [args.idempotencyKey])
             if existing:
                 return {"success": True, "id": existing[args.idempotencyKey], "idempotent": True}, False
-        if not args.dryRun and not args.supersedes:
-            duplicate = await _remember_again(conn, ctx.principal, args, f)
-            if duplicate is not None:
-                return duplicate, False
-        await res.embed_fragments([f])
+        # The model embeds while this connection looks for a stored copy; only a copy found
+        # takes _remember_again's transaction (which looks again, locking it).
+        embedding = asyncio.create_task(res.embed_fragments([f]))
+        try:
+            if not args.dryRun and not args.supersedes and await fragments_repo.find_duplicate(
+                conn, principal, f.content_hash, f.workspace, f.scope, lock=False
+            ) is not None:
+                duplicate = await _remember_again(conn, principal, args, f)
+                if duplicate is not None:
+                    return duplicate, False
+            await embedding
+        finally:
+            embedding.cancel()  # a copy's reply does not wait for the model (no-op once done)
         conflicts = await conflicts_for(conn, principal, f)
         warnings = policy_warnings(res, args, f, conflicts, principal)
 

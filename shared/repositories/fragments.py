@@ -258,11 +258,13 @@ async def find_by_hash(
 
 
 async def find_duplicate(
-    conn: asyncpg.Connection, principal: Principal, content_hash: str, workspace: str | None, scope: str
+    conn: asyncpg.Connection, principal: Principal, content_hash: str, workspace: str | None, scope: str,
+    *, lock: bool = True,
 ) -> asyncpg.Record | None:
     """The oldest live fragment the caller owns with this content in this workspace and of
-    this scope, locked for the refresh that follows. The scope must match: a permanent
-    remember must not collapse into a session fragment that ends with its session."""
+    this scope, locked for the refresh that follows (`lock`; without it, a look that needs
+    no transaction). The scope must match: a permanent remember must not collapse into a
+    session fragment that ends with its session."""
     params = SqlParams()
     owner = scope_clause(principal.owns, params)
     sql = f"""
@@ -272,7 +274,7 @@ async def find_duplicate(
           AND f.scope = {params.add(scope)} AND f.valid_to IS NULL AND {owner}
         ORDER BY f.created_at
         LIMIT 1
-        FOR UPDATE
+        {"FOR UPDATE" if lock else ""}
     """
     return await conn.fetchrow(sql, *params.values)
 
