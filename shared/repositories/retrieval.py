@@ -339,10 +339,14 @@ def _counts_of(terms: str) -> str:
     as lexemes and tfs, the postings' tf taken from its own search_tsv: the lexeme's positions,
     at least one, as the fragment_terms triggers (migration 0006) write them from the same
     search_tsv in the same transaction. Read with the row, instead of one probe of the
-    postings index per fragment (8 GB at 1M fragments, where those probes were 2-10 ms of a query)."""
+    postings index per fragment (8 GB at 1M fragments, where those probes were 2-10 ms of a query).
+    A fragment with none of the terms (most of a pool: the vector layer's hits) is not unnested:
+    the overlap test, on the outer row only, runs once per fragment as the subquery's gate. On
+    the 100k growth store, 300 pooled ids of which 34-45 held a term: 10.2 -> 7.1 ms a read."""
     return f"""CROSS JOIN LATERAL (
             SELECT array_agg(u.lexeme) AS lexemes, array_agg(greatest(coalesce(cardinality(u.positions), 1), 1)) AS tfs
-            FROM unnest(f.search_tsv) u WHERE u.lexeme = ANY({terms}::text[])
+            FROM unnest(f.search_tsv) u
+            WHERE tsvector_to_array(f.search_tsv) && {terms}::text[] AND u.lexeme = ANY({terms}::text[])
         ) c"""
 
 
