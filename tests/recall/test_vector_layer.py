@@ -105,6 +105,21 @@ async def test_passages_follow_the_content_and_pool_rows_read_the_best_one(stack
     stranger = Principal(key_id="nobody", visible_key_ids=("nobody",))
     assert await retrieval.pool_rows(conn, stranger, [fid], [], query) == {}
 
+    # The query terms' counts: every term a row holds, none it lacks, and a row holding none
+    # of them (gated, not unnested) has no counts.
+    counts = {r["id"]: {u: n for u, n in zip(r["lexemes"], r["tfs"], strict=True)} for r in await conn.fetch(
+        "SELECT f.id, array_agg(u.lexeme) AS lexemes, array_agg(greatest(coalesce(cardinality(u.positions), 1), 1)) AS tfs"
+        " FROM fragments f, unnest(f.search_tsv) u WHERE f.id = ANY($1::text[]) GROUP BY f.id", [fid, short_id])}
+    only_long = sorted(set(counts[fid]) - set(counts[short_id]))
+    shared = sorted(set(counts[fid]) & set(counts[short_id]))
+    assert only_long and shared
+    terms = [only_long[0], shared[0], "zzzabsent"]
+    rows = await retrieval.pool_rows(conn, principal, [fid, short_id], terms, query)
+    assert rows[fid].tf == {t: counts[fid][t] for t in terms[:2]}
+    assert rows[short_id].tf == {shared[0]: counts[short_id][shared[0]]}
+    rows = await retrieval.pool_rows(conn, principal, [fid, short_id], [only_long[0]], query)
+    assert rows[short_id].tf == {} and rows[fid].tf == {only_long[0]: counts[fid][only_long[0]]}
+
     async with mcp_session(stack.mcp_url, key) as s:
         await call(s, "amend", {"id": fid, "content": "Melanie: One line now. And a second. And a third. And a fourth. And a fifth."})
         assert len(await stored(fid)) == 3
