@@ -32,8 +32,6 @@ _LOCK = "engram:type-graphs"
 FRAGMENT_TYPES: tuple[str, ...] = get_args(FragmentType)
 
 
-
-
 async def existing(conn: asyncpg.Connection) -> dict[str, bool]:
     """The type graphs there are, by type: valid, or left invalid by a concurrent build that
     did not finish."""

@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 
 from services.gateway.core.round_trip import UNREACHABLE
 from services.gateway.sessions import Gate
+from shared import background
 from shared.repositories import keys as keys_repo
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,8 @@ class DailyCalls:
         # Calls Redis counted that Postgres has not been told about yet.
         self._unflushed: Tally[tuple[str, date]] = Tally()
         self._flusher: asyncio.Task[None] | None = None
+        # One flush at a time: the last one (aclose) waits for a background one still writing.
+        self._flushing = asyncio.Lock()
 
     def _counter(self, key_id: str, day: date) -> str:
         return f"{self.prefix}:{key_id}:{day.isoformat()}"
@@ -91,26 +94,29 @@ class DailyCalls:
         while self._unflushed:
             await asyncio.sleep(FLUSH_SECONDS)
             try:
-                await self.flush()
+                # Shielded: a cancel (aclose) must not land between a row's INSERT and its
+                # answer, or the row is put back as unwritten and counted twice.
+                await asyncio.shield(self.flush())
             except (asyncpg.PostgresError, OSError):
                 logger.warning("daily call counts not written; retrying", exc_info=True)
 
     async def flush(self) -> None:
         """Write the calls counted in Redis to api_key_daily_usage."""
-        pending, self._unflushed = self._unflushed, Tally()
-        if not pending:
-            return
-        try:
-            async with self.pool.acquire() as conn:
-                for (key_id, day), calls in list(pending.items()):
-                    # The key may have been deleted meanwhile; its usage went with it.
-                    with contextlib.suppress(asyncpg.ForeignKeyViolationError):
-                        await keys_repo.add_calls(conn, key_id, day, calls)
-                    del pending[(key_id, day)]
-        finally:
-            self._unflushed.update(pending)  # what was not written goes in the next flush
+        async with self._flushing:
+            pending, self._unflushed = self._unflushed, Tally()
+            if not pending:
+                return
+            try:
+                async with self.pool.acquire() as conn:
+                    for (key_id, day), calls in list(pending.items()):
+                        # The key may have been deleted meanwhile; its usage went with it.
+                        with contextlib.suppress(asyncpg.ForeignKeyViolationError):
+                            await keys_repo.add_calls(conn, key_id, day, calls)
+                        del pending[(key_id, day)]
+            finally:
+                self._unflushed.update(pending)  # what was not written goes in the next flush
 
     async def aclose(self) -> None:
-        if self._flusher is not None:
-            self._flusher.cancel()
+        """Stop the background flusher (a flush it has begun runs to its end) and write the rest."""
+        await background.stop(self._flusher)
         await self.flush()
