@@ -333,6 +333,34 @@ def _lexical_extras(text: str | None, keywords: list[str]) -> list[str]:
     return extras
 
 
+@dataclass
+class _Ahead:
+    """What was read of the lexical layer's candidates while the vector layer still ran: their
+    neighbouring turns and their pool rows, so that after it only its own are left to read."""
+
+    near: set[str] = field(default_factory=set)  # ids whose turn neighbours were looked up
+    around: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)
+    read: set[str] = field(default_factory=set)  # ids whose pool rows were looked up
+    rows: dict[str, retrieval.PooledFragment] = field(default_factory=dict)
+
+
+async def _read_ahead(
+    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, lexical: list[tuple[str, float]],
+    counted: list[str], vector: Awaitable[np.ndarray] | None,
+) -> _Ahead:
+    """The lookups layered_search makes after fusion, for the lexical layer's candidates alone:
+    turn_neighbours and pool_rows give each id's rows independently of the others, so the
+    two halves add up to the one lookup."""
+    ahead = _Ahead(near={fid for fid, _ in lexical[:NEIGHBOUR_SEEDS]})
+    ahead.around = await retrieval.turn_neighbours(conn, principal, flt, list(ahead.near), width=2)
+    ahead.read = {fid for fid, _ in lexical}
+    for fid, (before, after) in ahead.around.items():
+        ahead.read.update([fid, *before, *after])
+    embedding = await vector if vector is not None else None
+    ahead.rows = await retrieval.pool_rows(conn, principal, list(ahead.read), counted, embedding)
+    return ahead
+
+
 async def layered_search(
     conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, req: SearchRequest, scope_total: int,
     df_cache: DocumentFrequencies, pool: asyncpg.Pool | None = None,
@@ -381,6 +409,15 @@ async def layered_search(
         stats = retrieval.term_stats(dfs, scope_total)
         lexical, avgdl = await retrieval.bm25_candidates(conn, principal, flt, stats, dfs, LAYER_DEPTH)
         path.append(f"L2:{len(lexical)}")
+        when = TIME_ANSWER_WEIGHT > 0 and asks_when(req.text)
+        # The time words' counts come with the query terms' (scoring ignores terms not in the query).
+        counted = list(dict.fromkeys([*stats.idf, *TIME_LEXEMES])) if when else list(stats.idf)
+        ahead = _Ahead()
+        if semantic_task is not None and not semantic_task.done():
+            # The vector layer is still on its own connection (a filtered scope at 1M: its
+            # exact ranking or graph walk is most of the query): this one reads what the
+            # lexical layer's candidates need meanwhile, off the path that waits for it.
+            ahead = await _read_ahead(conn, principal, flt, lexical, counted, dense.vector)
     except BaseException:
         for task in (semantic_task, whole_task):
             if task is not None:
@@ -412,7 +449,8 @@ async def layered_search(
     # borrowing: ±2 around the layers' best candidates covers ±1 around the joined ones.
     best = [fid for ranked in (lexical, semantic) for fid, _ in ranked[:NEIGHBOUR_SEEDS]]
     near_of = list(dict.fromkeys(best + list(via_graph)))
-    around = await retrieval.turn_neighbours(conn, principal, flt, near_of, width=2)
+    rest = [fid for fid in near_of if fid not in ahead.near]
+    around = ahead.around | await retrieval.turn_neighbours(conn, principal, flt, rest, width=2)
     links: dict[str, list[str | None]] = {}  # id -> [prev, next]
 
     def adjacent(first: str, second: str) -> None:
@@ -431,10 +469,7 @@ async def layered_search(
     if joined:
         path.append(f"NB:{joined}")
     pooled_ids = list(set(candidates) | set(links))
-    when = TIME_ANSWER_WEIGHT > 0 and asks_when(req.text)
-    # The time words' counts come with the query terms' (scoring ignores terms not in the query).
-    counted = list(dict.fromkeys([*stats.idf, *TIME_LEXEMES])) if when else list(stats.idf)
-    rows = await retrieval.pool_rows(conn, principal, pooled_ids, counted, vector)
+    rows = ahead.rows | await retrieval.pool_rows(conn, principal, [fid for fid in pooled_ids if fid not in ahead.read], counted, vector)
     if req.threshold is not None:
         # threshold bounds similarity: a hit no lexical layer proposed must clear it.
         for fid, layers in list(candidates.items()):
