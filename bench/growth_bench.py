@@ -41,7 +41,7 @@ from bench.harness import LATENCY_HEADER, Target, latency_row, percentile, print
 from bench.loading import load, run_namespace
 from bench.recall_bench import WARMUP, time_queries
 from bench.recall_load import bulk_load
-from services.stack.supervisor import Stack
+from services.stack.supervisor import Stack, interrupt_on_stop_signals
 from shared.db import SEARCH_PATH
 from shared.repositories import type_graphs
 from shared.settings import MaintenanceSettings
@@ -272,6 +272,7 @@ def main(argv: list[str] | None = None) -> None:
         # A batch of 200 real turns can take longer than the gateway's default 30 s to ingest on
         # a busy 2-core machine; the bench measures rates, not timeouts.
         config.extra_env["UPSTREAM_TIMEOUT"] = "PT300S"
+        interrupt_on_stop_signals()
         with Stack(config) as stack:
             asyncio.run(grow(stack, sizes, args.queries, args.embed_share, args.ingest_sample, args.seed))
             if args.serve:

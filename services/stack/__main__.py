@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import time
 from pathlib import Path
 
-from services.stack.supervisor import Stack, StackConfig
+from services.stack.supervisor import Stack, StackConfig, interrupt_on_stop_signals
 
 
 def _config_from_env() -> StackConfig:
@@ -30,16 +29,7 @@ def _config_from_env() -> StackConfig:
 
 def run() -> int:
     stack = Stack(_config_from_env())
-    stopping = False
-
-    def _stop(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        if stopping:
-            return
-        stopping = True
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _stop)
+    interrupt_on_stop_signals()
     try:
         stack.start()
         print(

@@ -137,6 +137,25 @@ class ServiceProcess(ChildProcess):
             self.process.wait(5)
 
 
+def interrupt_on_stop_signals() -> None:
+    """SIGTERM (and SIGINT) raise KeyboardInterrupt in the main thread, once: a process that
+    runs a Stack in the foreground (`python -m services.stack run`, a bench's --serve) then
+    leaves its `with` / `finally` and stops what it started. Python's default for SIGTERM ends
+    the process on the spot, and a shell starts a background job with SIGINT ignored, so
+    without this either signal left Postgres, Redis and every service running, orphaned."""
+    stopping = False
+
+    def _stop(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        if stopping:
+            return
+        stopping = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+
+
 class Stack:
     def __init__(self, config: StackConfig) -> None:
         self.config = config
