@@ -13,12 +13,11 @@ import numpy as np
 import pytest
 
 from services.recall import search
-from services.recall.search import DocumentFrequencies, SearchRequest, layered_search
-from shared.db import create_pool
+from services.recall.search import DocumentFrequencies
 from shared.domain.principal import Principal
-from shared.domain.search import FragmentFilter
 from shared.embeddings import load_embedder
 from shared.repositories import retrieval
+from tests.recall.layered import search_workspace
 from tests.support import Stack, call, create_api_key, mcp_session, unique
 
 TURNS = [
@@ -65,16 +64,7 @@ async def _search(stack: Stack, scene: tuple[Principal, str, dict[str, str]], sc
         embedded.append(texts)
         return list(await asyncio.to_thread(embedder.embed, texts))
 
-    pool = await create_pool(stack.database_url, min_size=1, max_size=2, server_settings={"hnsw.iterative_scan": "relaxed_order"})
-    try:
-        async with pool.acquire() as conn:
-            outcome = await layered_search(
-                conn, principal, FragmentFilter(workspace=ws),
-                SearchRequest(text=QUESTION, keywords=[], vector=None, semantic_label="L3", threshold=None, filter_only=False, embed=embed),
-                scope_total, Recorded(events), pool=pool if with_pool else None,
-            )
-    finally:
-        await pool.close()
+    outcome = await search_workspace(stack, principal, ws, QUESTION, embed, scope_total, Recorded(events), with_pool)
     assert any(step.startswith("L3:") for step in outcome.path), outcome.path  # the vector layer ran
     return events, [h.id for h in outcome.hits], [t for batch in embedded for t in batch]
 

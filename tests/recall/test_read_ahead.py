@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from services.recall import search
-from services.recall.search import DocumentFrequencies, SearchOutcome, SearchRequest, layered_search
-from shared.db import create_pool
+from services.recall.search import DocumentFrequencies, SearchOutcome
 from shared.domain.principal import Principal
 from shared.domain.search import FragmentFilter
 from shared.embeddings import load_embedder
 from shared.repositories import retrieval
+from tests.recall.layered import search_workspace
 from tests.support import Stack, call, create_api_key, mcp_session, unique
 
 TURNS = [
@@ -50,19 +50,9 @@ async def _search(stack: Stack, principal: Principal, ws: str, read_ahead: bool)
             await asyncio.sleep(0.3)  # the vector layer is still running when BM25 has answered
         return list(await asyncio.to_thread(embedder.embed, texts))
 
-    pool = await create_pool(stack.database_url, min_size=1, max_size=2, server_settings={"hnsw.iterative_scan": "relaxed_order"})
-    try:
-        async with pool.acquire() as conn:
-            outcome = await layered_search(
-                conn, principal, FragmentFilter(workspace=ws),
-                SearchRequest(text=QUESTION, keywords=[], vector=None, semantic_label="L3", threshold=None, filter_only=False, embed=embed),
-                # a scope no word can fill: the question is embedded from the start
-                int(retrieval.DF_CAP / search.DENSE_STOP_SHARE) + 1, DocumentFrequencies(),
-                pool=pool if read_ahead else None,
-            )
-    finally:
-        await pool.close()
-    return outcome
+    # a scope no word can fill: the question is embedded from the start
+    scope_total = int(retrieval.DF_CAP / search.DENSE_STOP_SHARE) + 1
+    return await search_workspace(stack, principal, ws, QUESTION, embed, scope_total, DocumentFrequencies(), with_pool=read_ahead)
 
 
 async def test_reading_ahead_ranks_as_the_lookups_in_one_piece(
