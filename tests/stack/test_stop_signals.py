@@ -18,8 +18,8 @@ PROGRAM = """
 import sys, time
 from services.stack.supervisor import interrupt_on_stop_signals
 interrupt_on_stop_signals()
-print("ready", flush=True)
 try:
+    print("ready", flush=True)  # inside the try: a signal may come as soon as it is read
     while True:
         time.sleep(3600)
 except KeyboardInterrupt:
