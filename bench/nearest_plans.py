@@ -23,6 +23,7 @@ import asyncpg
 from bench.corpus import filtered_queries, generate
 from bench.harness import percentile
 from bench.recall_bench import scope_query
+from services.recall.search import LAYER_DEPTH
 from shared.db import create_pool
 from shared.domain.principal import Principal, SqlParams
 from shared.domain.search import FragmentFilter
@@ -31,7 +32,8 @@ from shared.repositories import vector_search
 from shared.repositories.fragments import filter_clauses
 from shared.settings import RecallSettings
 
-K = 60
+# The k the vector layer asks nearest() for in a recall.
+K = LAYER_DEPTH
 BUCKETS = (5_000, 10_000, 15_000, 20_000, 25_000, 31_000, 45_000, 60_000, 90_000)
 
 
