@@ -54,7 +54,9 @@ STAGES = {
 }
 
 
-def _instrument(timings: dict[str, list[float]]) -> None:
+def _instrument(timings: dict[str, list[float]], spans: list[tuple[str, float, float]]) -> None:
+    """Wraps each stage to add its duration to `timings` and its (label, start, end) in
+    perf_counter seconds to `spans`, from which a query's timeline is read."""
     for module, names in STAGES.items():
         for name in names:
             fn = getattr(module, name)
@@ -65,16 +67,20 @@ def _instrument(timings: dict[str, list[float]]) -> None:
                 try:
                     return await __fn(*args, **kwargs)
                 finally:
-                    timings[__label].append((time.perf_counter() - began) * 1000)
+                    ended = time.perf_counter()
+                    timings[__label].append((ended - began) * 1000)
+                    spans.append((__label, began, ended))
 
             setattr(module, name, timed)
 
 
 async def run(
     database_url: str, redis_url: str, namespace: str, kind: str, count: int, seed: int, slowest: int, local_df: bool = False,
+    show_timeline: bool = False,
 ) -> None:
     timings: dict[str, list[float]] = defaultdict(list)
-    _instrument(timings)
+    spans: list[tuple[str, float, float]] = []
+    _instrument(timings, spans)
     settings = RecallSettings()
     pool = await create_pool(
         database_url, min_size=2, max_size=4,
@@ -86,40 +92,58 @@ async def run(
         effects=SideEffects(pool, redis, replica="profile"), redis=redis,
         df_cache=DocumentFrequencies(None if local_df else redis),
     )
-    embed = res.embed_query
 
-    async def timed_embed(text: str) -> Any:
-        began = time.perf_counter()
-        try:
-            return await embed(text)
-        finally:
-            timings["embed_query"].append((time.perf_counter() - began) * 1000)
+    def timed_model(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        async def timed(arg: Any) -> Any:
+            began = time.perf_counter()
+            try:
+                return await fn(arg)
+            finally:
+                ended = time.perf_counter()
+                timings[label].append((ended - began) * 1000)
+                spans.append((label, began, ended))
+        return timed
 
-    res.embed_query = timed_embed  # type: ignore[method-assign]
+    # embed_queries of one text calls embed_query (the instance's, so the timed one): both
+    # spans then cover the same run of the model.
+    res.embed_query = timed_model("embed_query", res.embed_query)  # type: ignore[method-assign]
+    res.embed_queries = timed_model("embed_queries", res.embed_queries)  # type: ignore[method-assign]
     memories = generate(100_000, seed=seed)
     queries = SUITES[kind](memories, WARMUP + count, seed={"text": seed + 1, "keyword": seed + 2, "filtered": seed + 3}[kind])
     ctx = ToolContext(principal=Principal.master())
     totals = []
-    slow: list[tuple[float, dict[str, float]]] = []  # per measured query: its total and its stages' sums
+    # per measured query: its total, its stages' sums and its stages' (label, start, end) in ms from its start
+    slow: list[tuple[float, dict[str, float], list[tuple[str, float, float]]]] = []
     try:
         for i, query in enumerate(queries):
             arguments = scope_query(query, namespace)
             seen = {label: len(samples) for label, samples in timings.items()}
+            spans.clear()
             began = time.perf_counter()
             await recall(res, ctx, arguments)
             if i == WARMUP - 1:
                 timings.clear()
             elif i >= WARMUP:
                 totals.append((time.perf_counter() - began) * 1000)
-                slow.append((totals[-1], {label: sum(samples[seen.get(label, 0):]) for label, samples in timings.items()}))
+                stages = {label: sum(samples[seen.get(label, 0):]) for label, samples in timings.items()}
+                timeline = [(label, (start - began) * 1000, (end - began) * 1000) for label, start, end in spans]
+                slow.append((totals[-1], stages, timeline))
     finally:
         await redis.aclose()
         await pool.close()
     print(f"recall() in process, {kind}, n={len(totals)}: p50 {percentile(totals, 50):.1f} ms, p95 {percentile(totals, 95):.1f} ms")
     print(f"the {slowest} slowest, their stages of 1 ms or more (ms):")
-    for total, stages in sorted(slow, key=lambda q: -q[0])[:slowest]:
+    for total, stages, timeline in sorted(slow, key=lambda q: -q[0])[:slowest]:
         parts = ", ".join(f"{label.rsplit('.', 1)[-1]} {ms:.1f}" for label, ms in sorted(stages.items(), key=lambda kv: -kv[1]) if ms >= 1)
         print(f"  {total:6.1f}: {parts}")
+        if show_timeline:
+            steps = sorted(timeline, key=lambda span: span[1])
+            print("          " + ", ".join(f"{label.rsplit('.', 1)[-1]} {start:.1f}-{end:.1f}" for label, start, end in steps))
+    if show_timeline:
+        # On the critical path: what the query waits for after the vector layer answers.
+        after = [total - max((end for label, _, end in timeline if label == "vector_search.nearest"), default=total)
+                 for total, _, timeline in slow]
+        print(f"after nearest() answered, to recall()'s return: p50 {percentile(after, 50):.1f}, p95 {percentile(after, 95):.1f} ms")
     print(f"{'stage':32s} {'calls':>5s} {'mean':>7s} {'p50':>7s} {'p95':>7s}")
     for label, samples in sorted(timings.items(), key=lambda kv: -sum(kv[1])):
         print(f"{label:32s} {len(samples):5d} {statistics.mean(samples):7.2f} {percentile(samples, 50):7.2f} {percentile(samples, 95):7.2f}")
@@ -136,8 +160,11 @@ def main() -> None:
     parser.add_argument("--slowest", type=int, default=8, help="queries whose stages are listed one by one, slowest first")
     parser.add_argument("--local-df", action="store_true",
                         help="count document frequencies in this process only, without the replicas' shared counts in Redis")
+    parser.add_argument("--timeline", action="store_true",
+                        help="print each slow query's stages as start-end (ms from its start), and the time after nearest()")
     args = parser.parse_args()
-    asyncio.run(run(args.database_url, args.redis_url, args.namespace, args.kind, args.queries, args.seed, args.slowest, args.local_df))
+    asyncio.run(run(args.database_url, args.redis_url, args.namespace, args.kind, args.queries, args.seed, args.slowest,
+                    args.local_df, args.timeline))
 
 
 if __name__ == "__main__":
