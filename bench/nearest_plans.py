@@ -1,5 +1,5 @@
 """nearest()'s two plans on one store, each forced in turn for every query of the filtered suite:
-the exact ranking (fragments_scope_vectors' half vectors, the shortlist re-ranked by the floats)
+the exact ranking (fragments_scope_vectors' half vectors)
 and the HNSW walk, by scope size: where the exact cap belongs.
 
     python -m bench.nearest_plans --database-url DSN --namespace NS [--queries 300] [--seed 101]

@@ -13,12 +13,14 @@ from pg_class.
 
 The exact ranking reads its rows from fragments_scope_vectors, a btree over (tenant,
 workspace, type, importance) that carries each row's embedding in half precision and the
-columns the filters test, so a scope is one contiguous index range read index-only (the
-RERANK_SHARE * k best of it are then ordered by their float embeddings, read by key). From
-the heap the scope cost one page per row (a tenant's rows are interleaved with everyone
-else's): at 1M, 14k pages for a scope of 14k rows. The scope is written as disjoint ranges
-of that index (scope_workspace_ranges, whose union is filter_clauses' tenant and workspace
-scope): an OR of ranges would be a bitmap scan, back on the heap.
+columns the filters test, so a scope is one contiguous index range read index-only, ranked
+by those half-precision vectors: its order and similarities are the half vectors' (a
+similarity within ~1e-4 of the float one; recall scores its pool by the float cosines that
+pool_rows reads). From the heap the scope cost one page per row (a tenant's rows are
+interleaved with everyone else's): at 1M, 14k pages for a scope of 14k rows. The scope is
+written as disjoint ranges of that index (scope_workspace_ranges, whose union is
+filter_clauses' tenant and workspace scope): an OR of ranges would be a bitmap scan, back on
+the heap.
 """
 
 from __future__ import annotations
@@ -42,11 +44,13 @@ EXACT_SCOPE_FLOOR = 1000
 # p99 277 -> 145 and 152 -> 80 (p50 23 -> 28, 29 -> 31); 16 against 40, p95 68 / 90; 8 / 16 / 24
 # in a slow stretch, p95 292 / 245 / 224 (bench/README.md, session 15). At 1M the cap is ~31k rows.
 EXACT_WEIGHT = 16.0
-# The exact ranking orders the scope by its half-precision vectors (fragments_scope_vectors
-# carries those, migration 0027), takes this many times k, and orders those by the float
-# vectors: recall gets the float order and similarities. At 1M the half order's top 60 held
-# 99.97-99.99% of the float top 60's ids, so twice k leaves room for rounding at the edge.
-RERANK_SHARE = 2
+# The exact ranking used to take the 2k best of the scope by half precision and order those
+# by their float vectors, read from the heap by key. At 1M (200 filtered queries, k = 60) both
+# orders held the same top 10, 30 and 60 ids in every query, in another order within the list
+# in 41 of 200 (ties to the fourth decimal), the similarities within 5.7e-5; the re-rank's heap
+# reads cost 1.3-2.6 ms a query (bench/README.md, session 27). recall uses this list for which
+# ids join its pool and which seed the graph and neighbour lookups, and ranks the pool by
+# pool_rows' float cosines, so the half order is what it returns.
 
 
 def graph_settings(ef_search: int) -> dict[str, str]:
@@ -140,7 +144,7 @@ def nearest_statement(
         for rng in ranges
     ) or "SELECT NULL::text AS id, NULL::float8 AS distance WHERE FALSE"
     # `scope` is NOT MATERIALIZED: Postgres inlines it, and its rows go straight into the
-    # shortlist's bounded sort. Materialized, every row of a scope near the cap was first
+    # exact ranking's bounded sort. Materialized, every row of a scope near the cap was first
     # written to a tuplestore and read back; at 1M, nearest() over 300 filtered queries (each
     # plan's in a block, two blocks each) went from p95 21.5-21.9 to 18.2-18.4 ms and p99
     # 23.7-24.1 to 19.7-20.0, the same ids in the same order (bench/README.md, session 21).
@@ -148,11 +152,7 @@ def nearest_statement(
         WITH t AS MATERIALIZED (SELECT {_exact_cap(limit)} AS cap),
         n AS MATERIALIZED (SELECT {counts} AS rows),
         scope AS NOT MATERIALIZED ({exact}),
-        shortlist AS MATERIALIZED (SELECT id FROM scope ORDER BY distance LIMIT {k} * {RERANK_SHARE}),
-        exact AS MATERIALIZED (
-            SELECT s.id, (SELECT f.embedding FROM fragments f WHERE f.id = s.id) <=> {vec} AS distance
-            FROM shortlist s ORDER BY distance LIMIT {k}
-        ),
+        exact AS MATERIALIZED (SELECT id, distance FROM scope ORDER BY distance LIMIT {k}),
         graph AS MATERIALIZED ({_graph(vec, where, k, gate="(SELECT rows FROM n) > (SELECT cap FROM t) AND ")})
         SELECT id, distance FROM (SELECT id, distance FROM exact UNION ALL SELECT id, distance FROM graph) hits
         ORDER BY distance + 0
