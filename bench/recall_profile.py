@@ -54,24 +54,28 @@ STAGES = {
 }
 
 
+def _timed(label: str, fn: Callable[..., Any], timings: dict[str, list[float]], spans: list[tuple[str, float, float]]) -> Any:
+    """`fn` (a coroutine function) wrapped to add each call's duration to `timings` and its
+    (label, start, end) in perf_counter seconds to `spans`, from which a query's timeline is read."""
+
+    @functools.wraps(fn)
+    async def timed(*args: Any, **kwargs: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return await fn(*args, **kwargs)
+        finally:
+            ended = time.perf_counter()
+            timings[label].append((ended - began) * 1000)
+            spans.append((label, began, ended))
+
+    return timed
+
+
 def _instrument(timings: dict[str, list[float]], spans: list[tuple[str, float, float]]) -> None:
-    """Wraps each stage to add its duration to `timings` and its (label, start, end) in
-    perf_counter seconds to `spans`, from which a query's timeline is read."""
     for module, names in STAGES.items():
         for name in names:
-            fn = getattr(module, name)
-
-            @functools.wraps(fn)
-            async def timed(*args: Any, __fn: Any = fn, __label: str = f"{module.__name__.rsplit('.', 1)[-1]}.{name}", **kwargs: Any) -> Any:
-                began = time.perf_counter()
-                try:
-                    return await __fn(*args, **kwargs)
-                finally:
-                    ended = time.perf_counter()
-                    timings[__label].append((ended - began) * 1000)
-                    spans.append((__label, began, ended))
-
-            setattr(module, name, timed)
+            label = f"{module.__name__.rsplit('.', 1)[-1]}.{name}"
+            setattr(module, name, _timed(label, getattr(module, name), timings, spans))
 
 
 async def run(
@@ -93,21 +97,10 @@ async def run(
         df_cache=DocumentFrequencies(None if local_df else redis),
     )
 
-    def timed_model(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        async def timed(arg: Any) -> Any:
-            began = time.perf_counter()
-            try:
-                return await fn(arg)
-            finally:
-                ended = time.perf_counter()
-                timings[label].append((ended - began) * 1000)
-                spans.append((label, began, ended))
-        return timed
-
     # embed_queries of one text calls embed_query (the instance's, so the timed one): both
     # spans then cover the same run of the model.
-    res.embed_query = timed_model("embed_query", res.embed_query)  # type: ignore[method-assign]
-    res.embed_queries = timed_model("embed_queries", res.embed_queries)  # type: ignore[method-assign]
+    res.embed_query = _timed("embed_query", res.embed_query, timings, spans)  # type: ignore[method-assign]
+    res.embed_queries = _timed("embed_queries", res.embed_queries, timings, spans)  # type: ignore[method-assign]
     memories = generate(100_000, seed=seed)
     queries = SUITES[kind](memories, WARMUP + count, seed={"text": seed + 1, "keyword": seed + 2, "filtered": seed + 3}[kind])
     ctx = ToolContext(principal=Principal.master())
