@@ -360,9 +360,28 @@ def resolve_backend(backend: str, bf16: bool | None = None) -> str:
     return "openvino" if (native_bf16() if bf16 is None else bf16) else "onnx"
 
 
+# Every embedder this process loaded, by its settings and mode: one per process, kept for the
+# life of the process. OpenVINO's compile_model registers an alternate signal stack on the
+# calling thread and, when the compiled model is freed, puts back the one it found there: two
+# embedders freed in the order they were made (a bench's loaders, a test's inline loads) left
+# the thread's alternate stack on freed memory, and the next signal that thread handled
+# (SIGTERM, to stop a stack it runs) was a SIGSEGV instead, its stack left running
+# (bench/README.md, session 27). Loading once also spares each later caller the compile.
+_LOADED: dict[tuple[str, bool], Embedder] = {}
+_LOADING = threading.Lock()
+
+
 def load_embedder(settings: EmbeddingSettings | None = None, *, latency: bool = False) -> Embedder:
-    """The backend's embedder, every run timed and its batch size counted (shared/metrics.py)."""
-    return MeasuredEmbedder(_load_embedder(settings, latency=latency))
+    """The backend's embedder, every run timed and its batch size counted (shared/metrics.py):
+    the same instance for the same settings and mode, loaded on the first call (it is
+    thread-safe: calls beyond its parallel_calls wait for a lane)."""
+    settings = settings or embedding_settings()
+    key = (settings.model_dump_json(), latency)
+    with _LOADING:
+        embedder = _LOADED.get(key)
+        if embedder is None:
+            embedder = _LOADED[key] = MeasuredEmbedder(_load_embedder(settings, latency=latency))
+    return embedder
 
 
 def _load_embedder(settings: EmbeddingSettings | None = None, *, latency: bool = False) -> Embedder:

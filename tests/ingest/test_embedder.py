@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import shutil
+import signal
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -13,6 +16,8 @@ from pydantic import ValidationError
 from shared.embeddings import load_embedder
 from shared.embeddings.model import ONNX_FILE, ONNX_INT8_FILE, OpenVinoEmbedder, resolve_backend
 from shared.settings import EmbeddingSettings
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TEXTS = [
     "postgres: the primary ran out of disk during the nightly vacuum",
@@ -119,3 +124,51 @@ def test_every_openvino_lane_has_run_an_inference_before_the_embedder_is_handed_
     assert len(embedder.lanes) == embedder.parallel_calls == (1 if latency else 2)
     # OpenVINO's own record of a request's last inference: 0.0 until it has run one.
     assert all(request.latency > 0 for request in embedder.lanes)
+
+
+# Loads the model twice in one thread with the same settings and lets both go, then waits for
+# SIGTERM as a foreground stack does (services.stack.supervisor.interrupt_on_stop_signals).
+LOADS_TWICE_THEN_WAITS = """
+import gc, sys, time
+from services.stack.supervisor import interrupt_on_stop_signals
+from shared.embeddings import load_embedder
+from shared.settings import EmbeddingSettings
+interrupt_on_stop_signals()
+settings = EmbeddingSettings(EMBEDDING_CACHE_DIR=sys.argv[1], EMBEDDING_BACKEND="openvino")
+first = load_embedder(settings)
+first.embed(["the first load"])
+second = load_embedder(settings)
+second.embed(["the second load"])
+same = first is second
+del first, second
+gc.collect()
+try:
+    print("ready", same, flush=True)
+    time.sleep(120)
+except KeyboardInterrupt:
+    print("stopped", flush=True)
+"""
+
+
+def test_a_process_that_loaded_the_model_twice_still_stops_on_sigterm(stack) -> None:  # type: ignore[no-untyped-def]
+    """OpenVINO's compile_model puts an alternate signal stack on the calling thread and puts
+    back the one it found when the model is freed: two embedders freed in the order they were
+    made left the thread's alternate stack on freed memory, and SIGTERM then killed the process
+    with a SIGSEGV before it could stop anything (a growth bench's --serve left its whole stack
+    running). load_embedder gives one embedder per settings for the life of the process."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", LOADS_TWICE_THEN_WAITS, str(stack.model_cache)], cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert child.stdout is not None
+        ready = child.stdout.readline()
+        assert ready.strip() == "ready True", ready + (child.stderr.read() if child.poll() is not None else "")
+        child.send_signal(signal.SIGTERM)
+        out, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0, (child.returncode, err[-2000:])
+    assert out.strip() == "stopped"
