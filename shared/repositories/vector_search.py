@@ -48,9 +48,10 @@ EXACT_WEIGHT = 16.0
 # by their float vectors, read from the heap by key. At 1M (200 filtered queries, k = 60) both
 # orders held the same top 10, 30 and 60 ids in every query, in another order within the list
 # in 41 of 200 (ties to the fourth decimal), the similarities within 5.7e-5; the re-rank's heap
-# reads cost 1.3-2.6 ms a query (bench/README.md, session 27). recall uses this list for which
-# ids join its pool and which seed the graph and neighbour lookups, and ranks the pool by
-# pool_rows' float cosines, so the half order is what it returns.
+# reads cost 1.3-2.4 ms of nearest() p50 by scope size, each query run by both in turn
+# (bench/README.md, session 27). recall uses this list for which ids join its pool and which
+# seed the graph and neighbour lookups, and ranks the pool by pool_rows' float cosines, so
+# the half order is what it returns.
 
 
 def graph_settings(ef_search: int) -> dict[str, str]:
