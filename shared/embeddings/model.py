@@ -384,13 +384,12 @@ def load_embedder(settings: EmbeddingSettings | None = None, *, latency: bool = 
     return embedder
 
 
-def _load_embedder(settings: EmbeddingSettings | None = None, *, latency: bool = False) -> Embedder:
+def _load_embedder(settings: EmbeddingSettings, *, latency: bool = False) -> Embedder:
     """`latency`: the caller embeds one short text a call and waits for it (recall's query):
     unless EMBEDDING_THREADS says otherwise, one call gets every core instead of one lane
     per core. At 100k, in process, interleaved: a query's embedding 5.9-6.3 -> 4.8-5.5 ms
     and recall p50 18.8-19.5 -> 17.5-18.5 ms, with Postgres and the event loop on the same
     two cores. Ingest embeds batches for throughput: one single-threaded lane per core."""
-    settings = settings or embedding_settings()
     if latency and settings.threads == 0:
         settings = settings.model_copy(update={"threads": available_cores()})
     backend = resolve_backend(settings.backend)
