@@ -101,7 +101,7 @@ async def search(res: ReadResources, ctx: ToolContext, args: dict[str, Any]) -> 
     if banks.byte_length(q) > banks.QUERY_MAX_BYTES:
         raise MemoryApiError(400, f"q must be at most {banks.QUERY_MAX_BYTES} characters")
     limit = args.get("limit") or banks.SEARCH_LIMIT_DEFAULT
-    async with res.pool.acquire() as conn:
+    async with res.searches, res.pool.acquire() as conn:
         only = (await _namespace(conn, ctx.principal, args["namespace"]))["id"] if args.get("namespace") else None
         vector = asyncio.ensure_future(res.embed_query(q))
         corpus = FragmentFilter()
@@ -109,7 +109,7 @@ async def search(res: ReadResources, ctx: ToolContext, args: dict[str, Any]) -> 
         outcome = await layered_search(
             conn, ctx.principal, corpus,
             SearchRequest(text=q, keywords=[], vector=vector, semantic_label="L3", threshold=0.0, filter_only=False),
-            total, res.df_cache, pool=res.pool,
+            total, res.df_cache, pool=res.lender,
         )
         rows = await entries_repo.by_ids(conn, ctx.principal.reads, [h.id for h in outcome.hits])
     ranked = [rows[h.id] for h in outcome.hits if h.id in rows and (only is None or rows[h.id]["namespace_id"] == only)]

@@ -54,6 +54,20 @@ SPREAD_TOP = 10
 SPREAD_ACTIVATION = 0.05
 
 
+def search_slots(pool_max: int) -> int:
+    """Searches one recall process runs at once on a pool of `pool_max` connections.
+
+    A search holds its main connection and borrows up to two more while it runs (search.py:
+    the vector layer beside the lexical one, the whole question's best cosine), and gives a
+    borrowed one back without waiting on anything. Admitted without a bound, as many searches
+    as the pool had connections each held one and waited for a second that none would give
+    back: 30 concurrent filtered recalls left a replica answering nothing, ever (bench/README.md,
+    session 29). With at most half the pool held as searches' main connections, at least one is
+    always free to borrow, so every admitted search finishes; the rest wait for a slot, holding
+    nothing."""
+    return max(1, pool_max // 2)
+
+
 @dataclass
 class ReadResources:
     pool: asyncpg.Pool
@@ -67,8 +81,17 @@ class ReadResources:
 
     # L1 writes in flight (held so they are not collected before they finish).
     _cache_writes: set[asyncio.Task[None]] = field(default_factory=set)
+    # Taken before a search's main connection, never while holding one (search_slots).
+    searches: asyncio.Semaphore = field(init=False)
+    # The pool searches borrow their second connections from; None on a one-connection
+    # pool, where borrowing would wait on the search's own main connection: the layers then
+    # run one after the other.
+    lender: asyncpg.Pool | None = field(init=False)
 
     def __post_init__(self) -> None:
+        pool_max = self.pool.get_max_size()
+        self.searches = asyncio.Semaphore(search_slots(pool_max))
+        self.lender = self.pool if pool_max > 1 else None
         # The most recent QUERY_VECTORS query embeddings: an agent repeats its questions, and
         # writes invalidate L1 but never a text's vector.
         self._vector_of = functools.lru_cache(maxsize=QUERY_VECTORS)(lambda text: self.embedder.embed([text])[0])
@@ -226,7 +249,7 @@ async def recall(res: ReadResources, ctx: ToolContext, arguments: dict[str, Any]
     if args.excludeSeen:
         flt.exclude_ids = await _seen(res, ctx)
 
-    async with res.pool.acquire() as conn:
+    async with res.searches, res.pool.acquire() as conn:
         cache_key = None
         body = None
         latest = await recall_views.latest_seq(conn, ctx.principal)
@@ -306,7 +329,7 @@ async def _search(
         conn, ctx.principal, flt,
         SearchRequest(text=args.text, keywords=keywords, vector=vector, semantic_label="L3" if args.text else "L3kw",
                       threshold=args.threshold, filter_only=filter_only, embed=res.embed_queries if args.text else None),
-        scope_total, res.df_cache, pool=res.pool,
+        scope_total, res.df_cache, pool=res.lender,
     )
     hits = outcome.hits
     if args.contextText and res.settings.spreading_activation:
