@@ -297,34 +297,46 @@ async def session_consolidate(res: WriteResources, jobs: JobBuffer, ctx: ToolCon
                 return failure("Consolidation already in progress", 409)
             await sessions_repo.set_state(conn, principal, args.session_id, "consolidating")
         try:
-            merged, promoted = await _consolidate(res, conn, principal, list(row["memory_ids"]))
+            twins, promoted = await _sort_out(conn, principal, list(row["memory_ids"]))
         except (asyncpg.PostgresError, OSError):
             await sessions_repo.set_state(conn, principal, args.session_id, "failed")
             raise
-        await sessions_repo.set_state(conn, principal, args.session_id, "consolidated", promoted)
+    # The duplicates go through forget, which takes a connection of its own: this call holds
+    # none meanwhile. Holding one while waiting for another, DB_POOL_MAX concurrent
+    # consolidations each held one and waited forever (the deadlock fixed in recall in 40b1c6b).
+    merged: list[str] = []
+    try:
+        for memory_id in twins:
+            _, is_error = await forget_tool.forget(res, ToolContext(principal=principal), {"id": memory_id, "force": True})
+            if not is_error:
+                merged.append(memory_id)
+        async with res.pool.acquire() as conn:
+            if promoted:
+                await memories_repo.set_layer(conn, promoted, "consolidated")
+            await sessions_repo.set_state(conn, principal, args.session_id, "consolidated", promoted)
+    except (asyncpg.PostgresError, OSError):
+        async with res.pool.acquire() as conn:
+            await sessions_repo.set_state(conn, principal, args.session_id, "failed")
+        raise
     return {
         "status": "consolidated", "session_id": args.session_id, "consolidated_memory_ids": promoted,
         "promoted": len(promoted), "merged": len(merged),
     }, False
 
 
-async def _consolidate(
-    res: WriteResources, conn: asyncpg.Connection, principal: Principal, memory_ids: list[str]
-) -> tuple[list[str], list[str]]:
-    merged: list[str] = []
+async def _sort_out(conn: asyncpg.Connection, principal: Principal, memory_ids: list[str]) -> tuple[list[str], list[str]]:
+    """The session's raw memories as (those a consolidated memory of the tenant already says,
+    to remove; the others, to promote)."""
+    twins: list[str] = []
     promoted: list[str] = []
     for memory in await memories_repo.by_ids(conn, principal, memory_ids):
         if (memory["memory_layer"] or "consolidated") != "raw":
             continue
         if await memories_repo.consolidated_twin(conn, principal, memory) is not None:
-            _, is_error = await forget_tool.forget(res, ToolContext(principal=principal), {"id": memory["id"], "force": True})
-            if not is_error:
-                merged.append(memory["id"])
-            continue
-        promoted.append(memory["id"])
-    if promoted:
-        await memories_repo.set_layer(conn, promoted, "consolidated")
-    return merged, promoted
+            twins.append(memory["id"])
+        else:
+            promoted.append(memory["id"])
+    return twins, promoted
 
 
 WriteTool = Callable[[WriteResources, JobBuffer, ToolContext, dict[str, Any]], Awaitable[ToolResult]]
