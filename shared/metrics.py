@@ -52,6 +52,8 @@ EMBED_BATCH = Histogram(
     "engram_embedding_batch_size", "Texts per embedding call", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
 L1_LOOKUPS = Counter("engram_recall_l1_lookups_total", "Recall L1 cache lookups by result", ["result"])
+SEARCH_SLOTS = Gauge("engram_recall_search_slots", "Searches a recall process runs at once (half its Postgres pool)", ["service"])
+SEARCHES_WAITING = Gauge("engram_recall_searches_waiting", "Searches waiting for a slot, holding no connection", ["service"])
 
 DB_POOL_SIZE = Gauge("engram_db_pool_connections", "Postgres pool connections open", ["service"])
 DB_POOL_IN_USE = Gauge("engram_db_pool_in_use", "Postgres pool connections lent out", ["service"])

@@ -9,6 +9,8 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -30,7 +32,7 @@ from shared.domain.errors import InvalidParams
 from shared.domain.search import DEPTH_TYPES, FragmentFilter, RankedHit
 from shared.domain.tokens import TokenCounter
 from shared.embeddings import Embedder
-from shared.metrics import L1_LOOKUPS
+from shared.metrics import L1_LOOKUPS, SEARCH_SLOTS, SEARCHES_WAITING
 from shared.read_routing import on_primary, reading_replica
 from shared.recall_cache import current_generation
 from shared.repositories import events as events_repo
@@ -81,7 +83,7 @@ class ReadResources:
 
     # L1 writes in flight (held so they are not collected before they finish).
     _cache_writes: set[asyncio.Task[None]] = field(default_factory=set)
-    # Taken before a search's main connection, never while holding one (search_slots).
+    # Taken before a search's main connection, never while holding one (search_slot()).
     searches: asyncio.Semaphore = field(init=False)
     # The pool searches borrow their second connections from; None on a one-connection
     # pool, where borrowing would wait on the search's own main connection: the layers then
@@ -91,10 +93,23 @@ class ReadResources:
     def __post_init__(self) -> None:
         pool_max = self.pool.get_max_size()
         self.searches = asyncio.Semaphore(search_slots(pool_max))
+        SEARCH_SLOTS.labels("recall").set(search_slots(pool_max))
+        SEARCHES_WAITING.labels("recall")  # exported from the start, at 0
         self.lender = self.pool if pool_max > 1 else None
         # The most recent QUERY_VECTORS query embeddings: an agent repeats its questions, and
         # writes invalidate L1 but never a text's vector.
         self._vector_of = functools.lru_cache(maxsize=QUERY_VECTORS)(lambda text: self.embedder.embed([text])[0])
+
+    @asynccontextmanager
+    async def search_slot(self) -> AsyncIterator[None]:
+        """One of the searches' slots (search_slots), taken before the search's main connection;
+        those waiting for one are engram_recall_searches_waiting."""
+        with SEARCHES_WAITING.labels("recall").track_inprogress():
+            await self.searches.acquire()
+        try:
+            yield
+        finally:
+            self.searches.release()
 
     async def embed_query(self, text: str) -> np.ndarray:
         """The query's embedding (cached), computed off the event loop."""
@@ -249,7 +264,7 @@ async def recall(res: ReadResources, ctx: ToolContext, arguments: dict[str, Any]
     if args.excludeSeen:
         flt.exclude_ids = await _seen(res, ctx)
 
-    async with res.searches, res.pool.acquire() as conn:
+    async with res.search_slot(), res.pool.acquire() as conn:
         cache_key = None
         body = None
         latest = await recall_views.latest_seq(conn, ctx.principal)

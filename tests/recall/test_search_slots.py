@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client import REGISTRY
 
 from services.common.internal import ToolContext
 from services.recall.effects import SideEffects
@@ -64,10 +65,14 @@ async def test_concurrent_recalls_on_a_two_connection_pool_all_answer(small_pool
     for i, reply in enumerate(found):
         assert reply["fragments"], reply
         assert ("billing", "search")[i % 2] in reply["fragments"][0]["content"]
-    # And the replica still answers afterwards.
+    # And the replica still answers afterwards, and says how many searches it runs at once.
     async with mcp_session(small_pool.mcp_url, small_pool.master_key) as s:
         again = await asyncio.wait_for(call(s, "recall", {"text": "gateway stable branch", "workspace": ws}), DEADLINE_S)
     assert "gateway" in again["fragments"][0]["content"]
+    async with httpx.AsyncClient() as http:
+        metrics = (await http.get(f"{small_pool.recall_urls[0]}/metrics")).text
+    assert 'engram_recall_search_slots{service="recall"} 1.0' in metrics.splitlines()
+    assert 'engram_recall_searches_waiting{service="recall"} 0.0' in metrics.splitlines()
 
 
 async def test_concurrent_entry_searches_on_a_two_connection_pool_all_answer(small_pool: Stack) -> None:
@@ -78,7 +83,7 @@ async def test_concurrent_entry_searches_on_a_two_connection_pool_all_answer(sma
         for content in ("Prefer pnpm over npm in this repository.", "Releases are cut on Thursdays."):
             assert (await http.post(f"{API}/namespaces/{ns}/entries", json={"content": content, "source": "manual"})).status_code == 201
         replies = await asyncio.wait_for(
-            asyncio.gather(*(http.get(f"{API}/entries", params={"q": "package manager"}) for _ in range(CONCURRENT))), DEADLINE_S,
+            asyncio.gather(*(http.get(f"{API}/entries", params={"q": "pnpm"}) for _ in range(CONCURRENT))), DEADLINE_S,
         )
     for reply in replies:
         assert reply.status_code == 200, reply.text
@@ -104,6 +109,31 @@ async def test_a_one_connection_pool_searches_on_its_one_connection(stack: Stack
     finally:
         await pool.close()
     assert "release branch" in reply["fragments"][0]["content"]
+
+
+async def test_a_search_waits_for_a_slot_holding_no_connection(stack: Stack) -> None:
+    ws = unique()
+    async with mcp_session(stack.mcp_url, stack.master_key) as s:
+        await call(s, "remember", {"content": "The search service deploys from the main branch.", "topic": "deploys",
+                                   "type": "fact", "workspace": ws})
+    pool = await create_pool(stack.database_url, min_size=2, max_size=2, server_settings=vector_search.graph_settings(40))
+    try:
+        res = ReadResources(pool=pool, embedder=load_embedder(latency=True), tokens=TokenCounter(tokenizer_file()),
+                            settings=RecallSettings(), effects=SideEffects(pool, None, replica="test"))
+        waiting = lambda: REGISTRY.get_sample_value("engram_recall_searches_waiting", {"service": "recall"})  # noqa: E731
+        async with res.search_slot():  # the one slot of a two-connection pool
+            task = asyncio.ensure_future(recall(res, ToolContext(principal=Principal.master()), {"text": "search branch", "workspace": ws}))
+            for _ in range(200):
+                if waiting() == 1:
+                    break
+                await asyncio.sleep(0.01)
+            assert waiting() == 1 and not task.done()
+            assert pool.get_idle_size() == pool.get_size() == 2  # it waits holding no connection
+        reply, _ = await asyncio.wait_for(task, DEADLINE_S)
+        assert waiting() == 0
+    finally:
+        await pool.close()
+    assert "main branch" in reply["fragments"][0]["content"]
 
 
 def test_searches_hold_at_most_half_the_pool() -> None:
