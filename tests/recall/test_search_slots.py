@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
@@ -90,37 +91,40 @@ async def test_concurrent_entry_searches_on_a_two_connection_pool_all_answer(sma
         assert reply.json()[0]["content"].startswith("Prefer pnpm")
 
 
+@asynccontextmanager
+async def in_process(stack: Stack, fact: str, pool_max: int) -> AsyncIterator[tuple[ReadResources, str]]:
+    """recall's resources in this process on a pool of its own (`pool_max` connections, all
+    open), and the fresh workspace `fact` was stored in."""
+    ws = unique()
+    async with mcp_session(stack.mcp_url, stack.master_key) as s:
+        await call(s, "remember", {"content": fact, "topic": "deploys", "type": "fact", "workspace": ws})
+    pool = await create_pool(stack.database_url, min_size=pool_max, max_size=pool_max,
+                             server_settings=vector_search.graph_settings(40))
+    try:
+        yield ReadResources(pool=pool, embedder=load_embedder(latency=True), tokens=TokenCounter(tokenizer_file()),
+                            settings=RecallSettings(), effects=SideEffects(pool, None, replica="test")), ws
+    finally:
+        await pool.close()
+
+
 async def test_a_one_connection_pool_searches_on_its_one_connection(stack: Stack) -> None:
     """DB_POOL_MAX=1: nothing to borrow, so the layers run one after the other on the main
     connection instead of waiting for a second one (the old code waited forever)."""
-    ws = unique()
-    async with mcp_session(stack.mcp_url, stack.master_key) as s:
-        await call(s, "remember", {"content": "The billing service deploys from the release branch.", "topic": "deploys",
-                                   "type": "fact", "workspace": ws})
-    pool = await create_pool(stack.database_url, min_size=1, max_size=1, server_settings=vector_search.graph_settings(40))
-    try:
-        res = ReadResources(pool=pool, embedder=load_embedder(latency=True), tokens=TokenCounter(tokenizer_file()),
-                            settings=RecallSettings(), effects=SideEffects(pool, None, replica="test"))
+    async with in_process(stack, "The billing service deploys from the release branch.", 1) as (res, ws):
         assert res.lender is None and search_slots(1) == 1
         reply, _ = await asyncio.wait_for(
             recall(res, ToolContext(principal=Principal.master()), {"text": "which branch does billing deploy from", "workspace": ws}),
             DEADLINE_S,
         )
-    finally:
-        await pool.close()
     assert "release branch" in reply["fragments"][0]["content"]
 
 
+def waiting() -> float | None:
+    return REGISTRY.get_sample_value("engram_recall_searches_waiting", {"service": "recall"})
+
+
 async def test_a_search_waits_for_a_slot_holding_no_connection(stack: Stack) -> None:
-    ws = unique()
-    async with mcp_session(stack.mcp_url, stack.master_key) as s:
-        await call(s, "remember", {"content": "The search service deploys from the main branch.", "topic": "deploys",
-                                   "type": "fact", "workspace": ws})
-    pool = await create_pool(stack.database_url, min_size=2, max_size=2, server_settings=vector_search.graph_settings(40))
-    try:
-        res = ReadResources(pool=pool, embedder=load_embedder(latency=True), tokens=TokenCounter(tokenizer_file()),
-                            settings=RecallSettings(), effects=SideEffects(pool, None, replica="test"))
-        waiting = lambda: REGISTRY.get_sample_value("engram_recall_searches_waiting", {"service": "recall"})  # noqa: E731
+    async with in_process(stack, "The search service deploys from the main branch.", 2) as (res, ws):
         async with res.search_slot():  # the one slot of a two-connection pool
             task = asyncio.ensure_future(recall(res, ToolContext(principal=Principal.master()), {"text": "search branch", "workspace": ws}))
             for _ in range(200):
@@ -128,11 +132,9 @@ async def test_a_search_waits_for_a_slot_holding_no_connection(stack: Stack) -> 
                     break
                 await asyncio.sleep(0.01)
             assert waiting() == 1 and not task.done()
-            assert pool.get_idle_size() == pool.get_size() == 2  # it waits holding no connection
+            assert res.pool.get_idle_size() == res.pool.get_size() == 2  # it waits holding no connection
         reply, _ = await asyncio.wait_for(task, DEADLINE_S)
         assert waiting() == 0
-    finally:
-        await pool.close()
     assert "main branch" in reply["fragments"][0]["content"]
 
 
