@@ -19,6 +19,7 @@ import anyio
 import asyncpg
 import numpy as np
 from cachetools import TTLCache
+from prometheus_client import Gauge
 from redis.exceptions import RedisError
 
 from services.common.internal import ToolContext, parse_arguments
@@ -89,12 +90,14 @@ class ReadResources:
     # pool, where borrowing would wait on the search's own main connection: the layers then
     # run one after the other.
     lender: asyncpg.Pool | None = field(init=False)
+    _waiting: Gauge = field(init=False)
 
     def __post_init__(self) -> None:
         pool_max = self.pool.get_max_size()
-        self.searches = asyncio.Semaphore(search_slots(pool_max))
-        SEARCH_SLOTS.labels("recall").set(search_slots(pool_max))
-        SEARCHES_WAITING.labels("recall")  # exported from the start, at 0
+        slots = search_slots(pool_max)
+        self.searches = asyncio.Semaphore(slots)
+        SEARCH_SLOTS.labels("recall").set(slots)
+        self._waiting = SEARCHES_WAITING.labels("recall")  # exported from the start, at 0
         self.lender = self.pool if pool_max > 1 else None
         # The most recent QUERY_VECTORS query embeddings: an agent repeats its questions, and
         # writes invalidate L1 but never a text's vector.
@@ -104,7 +107,7 @@ class ReadResources:
     async def search_slot(self) -> AsyncIterator[None]:
         """One of the searches' slots (search_slots), taken before the search's main connection;
         those waiting for one are engram_recall_searches_waiting."""
-        with SEARCHES_WAITING.labels("recall").track_inprogress():
+        with self._waiting.track_inprogress():
             await self.searches.acquire()
         try:
             yield
