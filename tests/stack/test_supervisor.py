@@ -119,13 +119,23 @@ async def _logged(stack: Stack, pattern: str) -> bool:
     return False
 
 
+def _tails(stack: Stack, lines: int = 30) -> str:
+    """The end of every service's own log: why a restarted process failed to start, for the
+    assertion message (CI removes the stack's directory)."""
+    parts = []
+    for path in sorted(stack.log_dir.glob("*.log")):
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+        parts.append(f"--- {path.name}\n" + "\n".join(tail))
+    return "\n".join(parts)
+
+
 async def test_each_killed_process_comes_back_by_itself(supervised: Stack) -> None:
     assert await _remember_and_recall(supervised) is None
     for name in KILL_ORDER:
         pid = supervised.pids()[name]
         os.kill(pid, signal.SIGKILL)
         failure = await _serves_again(supervised)
-        assert failure is None, f"no remember + recall within {RECOVERY_SECONDS} s of killing {name}: {failure}"
+        assert failure is None, f"no remember + recall within {RECOVERY_SECONDS} s of killing {name}: {failure}\n{_tails(supervised)}"
         assert await _logged(supervised, rf"{name} \(pid {pid}\) killed by SIGKILL"), supervised.supervisor_log.read_text()
         assert await _logged(supervised, rf"{name} is back \(pid (?!{pid}\))\d+\)"), supervised.supervisor_log.read_text()
         assert supervised.pids()[name] != pid
@@ -139,8 +149,8 @@ async def test_writes_under_kills_are_stored_exactly_once(supervised: Stack) -> 
                             recover_timeout=RECOVERY_SECONDS)
     report = await run_faults(supervised, settings)
     print_report(report)
-    assert [k.name for k in report.kills if k.restarted_after is None] == []
-    assert [k.name for k in report.kills if k.recovered_after is None] == []
+    assert [k.name for k in report.kills if k.restarted_after is None] == [], _tails(supervised)
+    assert [k.name for k in report.kills if k.recovered_after is None] == [], _tails(supervised)
     assert report.acknowledged > 0
     assert report.lost == [] and report.duplicated == {} and report.mismatched == []
     assert report.hung == 0, "an attempt outlived its timeout"
