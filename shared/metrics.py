@@ -54,6 +54,9 @@ EMBED_BATCH = Histogram(
 L1_LOOKUPS = Counter("engram_recall_l1_lookups_total", "Recall L1 cache lookups by result", ["result"])
 SEARCH_SLOTS = Gauge("engram_recall_search_slots", "Searches a recall process runs at once (half its Postgres pool)", ["service"])
 SEARCHES_WAITING = Gauge("engram_recall_searches_waiting", "Searches waiting for a slot, holding no connection", ["service"])
+SEARCHES_SHED = Counter(
+    "engram_recall_searches_shed_total", "Searches answered 503 because no slot came before their caller's deadline", ["service"],
+)
 
 DB_POOL_SIZE = Gauge("engram_db_pool_connections", "Postgres pool connections open", ["service"])
 DB_POOL_IN_USE = Gauge("engram_db_pool_in_use", "Postgres pool connections lent out", ["service"])

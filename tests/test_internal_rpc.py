@@ -4,10 +4,16 @@ what the gateway and the maintenance worker rely on when they call them."""
 from __future__ import annotations
 
 import asyncio
+import json
+from typing import Any
 
+import httpx
 import pytest
+import uvicorn
+from fastapi import FastAPI, Request
 
-from services.common.rpc import InternalClient, UpstreamError
+from services.common.internal import ToolContext, install_internal_api
+from services.common.rpc import SERVICE_TOKEN_HEADER, TIMEOUT_HEADER, InternalClient, UpstreamError
 from services.stack.supervisor import free_port
 from shared.domain.errors import InvalidParams, Unavailable
 from shared.domain.principal import Principal
@@ -83,3 +89,67 @@ async def test_a_replica_that_takes_the_call_and_never_answers_is_unavailable(st
             assert taken and b"POST /v1/tools/remember" in taken[0]
     finally:
         hung.close()
+
+
+async def _one_reply_server(reply: bytes, taken: list[bytes]) -> asyncio.Server:
+    """A replica that records the request it gets and answers `reply` (a whole HTTP response)."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        taken.append(await reader.read(65536))
+        writer.write(reply)
+        await writer.drain()
+        writer.close()
+
+    return await asyncio.start_server(answer, "127.0.0.1", 0)
+
+
+async def test_a_call_says_how_long_its_caller_waits_and_a_503_comes_back_unavailable() -> None:
+    """The client's read timeout rides in TIMEOUT_HEADER, so a service can shed work its caller
+    will not wait for; the service's 503 (a search shed, a dependency it lacks) is Unavailable,
+    which every surface answers 503 with Retry-After, not an internal error."""
+    body = json.dumps({"error": {"code": -32603, "message": "recall service busy: no search slot"}}).encode()
+    head = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    reply = head + b"content-length: %d\r\n\r\n%s" % (len(body), body)
+    taken: list[bytes] = []
+    server = await _one_reply_server(reply, taken)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with InternalClient({"recall": [f"http://127.0.0.1:{port}"]}, "token", 2.5) as client:
+            with pytest.raises(Unavailable, match="recall service busy: no search slot"):
+                await client.call("recall", "recall", {"text": "x"}, Principal.master(), None)
+    finally:
+        server.close()
+    headers = taken[0].split(b"\r\n\r\n")[0].lower().split(b"\r\n")
+    assert f"{TIMEOUT_HEADER}: 2500".encode() in headers
+
+
+async def test_the_callers_timeout_is_the_handlers_deadline() -> None:
+    """The server side: TIMEOUT_HEADER's milliseconds from arrival are ToolContext.deadline on
+    the event loop's clock; a missing or malformed header is no deadline."""
+    seen: list[float | None] = []
+
+    async def probe(_request: Request, ctx: ToolContext, _arguments: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        seen.append(None if ctx.deadline is None else ctx.deadline - asyncio.get_running_loop().time())
+        return {}, False
+
+    app = FastAPI()
+    install_internal_api(app, "probe", {"probe": probe}, lambda: "token")
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            await asyncio.sleep(0.05)
+        async with InternalClient({"probe": [f"http://127.0.0.1:{port}"]}, "token", 30) as client:
+            await client.call("probe", "probe", {}, Principal.master(), None)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            for value in (None, "", "soon", "-5", "0", "1.5"):
+                headers = {SERVICE_TOKEN_HEADER: "token"} | ({TIMEOUT_HEADER: value} if value is not None else {})
+                reply = await http.post("/v1/tools/probe", json={"principal": Principal.master().to_wire()}, headers=headers)
+                assert reply.status_code == 200, reply.text
+    finally:
+        server.should_exit = True
+        await task
+    remaining = seen[0]
+    assert remaining is not None and 25 < remaining <= 30
+    assert seen[1:] == [None] * 6

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.routing import Match, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.common.rpc import SERVICE_TOKEN_HEADER
+from services.common.rpc import SERVICE_TOKEN_HEADER, TIMEOUT_HEADER
 from shared.contract.base import problems
 from shared.db import ping
 from shared.domain.errors import CredentialGone, EngramError, InvalidParams
@@ -58,6 +58,17 @@ class ToolContext(BaseModel):
     principal: Principal
     session_id: str | None = None
     transport_id: str | None = None
+    # When the caller stops waiting for the reply, on the event loop's clock (its
+    # TIMEOUT_HEADER on arrival); None when it did not say.
+    deadline: float | None = None
+
+
+def caller_deadline(header: str | None) -> float | None:
+    """TIMEOUT_HEADER's milliseconds from now on the event loop's clock; None when it is
+    absent or not a positive whole number."""
+    if header is None or not header.isdigit() or int(header) <= 0:
+        return None
+    return asyncio.get_running_loop().time() + int(header) / 1000
 
 
 def parse_arguments(model: type[BaseModel], arguments: dict[str, Any]) -> Any:
@@ -253,6 +264,7 @@ def install_internal_api(
             principal=Principal.from_wire(body.principal),
             session_id=session.get("id"),
             transport_id=session.get("transport_id"),
+            deadline=caller_deadline(request.headers.get(TIMEOUT_HEADER)),
         )
         started = time.perf_counter()
         timer = timers.get(name) or timers[OTHER]

@@ -40,6 +40,9 @@ _tracer = trace.get_tracer("engram.rpc")
 # The shared secret's header, checked by the server side (services/common/internal.py). Named
 # here, in the module without a web framework, so the Celery worker can call without one.
 SERVICE_TOKEN_HEADER = "x-engram-service-token"  # noqa: S105 - a header name, not a secret
+# How long the caller waits for this reply, in milliseconds (the client's read timeout): a
+# service that cannot start the work in time sheds it instead of doing it for nobody.
+TIMEOUT_HEADER = "x-engram-timeout-ms"
 # A replica that does not accept the connection within this long is skipped for the next.
 CONNECT_SECONDS = 2.0
 # A replica that is refused at once costs nothing; one that does not answer its /health within
@@ -66,10 +69,14 @@ class UpstreamError(EngramError):
         self.code = code
 
 
-def _error_from(body: dict[str, Any]) -> EngramError:
+def _error_from(status: int, body: dict[str, Any]) -> EngramError:
     error = body.get("error") or {}
     code = int(error.get("code", -32603))
     message = str(error.get("message", "upstream error"))
+    if status == 503:
+        # The service is there but cannot answer now (a search shed at its caller's deadline,
+        # a dependency it lacks): every surface answers 503 with Retry-After, as for one down.
+        return Unavailable(message, error.get("data"))
     if code == InvalidParams.code:
         return InvalidParams(message, error.get("data"))
     if code == PolicyViolation.code:
@@ -95,6 +102,7 @@ class InternalClient:
         self.timeout = aiohttp.ClientTimeout(
             total=None, connect=timeout, sock_connect=min(CONNECT_SECONDS, timeout), sock_read=timeout
         )
+        self._timeout_ms = str(int(timeout * 1000))
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
         self._health: TTLCache[str, dict[str, Any]] = TTLCache(1, HEALTH_CACHE_SECONDS)
@@ -135,7 +143,7 @@ class InternalClient:
         # The internal hop's CLIENT span; the service's server span is its child.
         with _tracer.start_as_current_span(f"POST {service} /v1/tools/{{name}}", kind=trace.SpanKind.CLIENT) as span:
             span.set_attribute("engram.tool", tool)
-            headers = inject_headers({SERVICE_TOKEN_HEADER: self._token})
+            headers = inject_headers({SERVICE_TOKEN_HEADER: self._token, TIMEOUT_HEADER: self._timeout_ms})
             return await self._call(service, tool, urls, start, payload, headers)
 
     async def _call(
@@ -160,7 +168,7 @@ class InternalClient:
                 logger.warning("%s replica %s answered HTTP %s without a JSON body", service, url, status)
                 raise Unavailable(f"{service} service error: HTTP {status}") from None
             if status >= 400 or "error" in body:
-                raise _error_from(body)
+                raise _error_from(status, body)
             return body["result"], bool(body.get("isError"))
         reason = f" ({last_error.__class__.__name__})" if last_error is not None else ""
         raise Unavailable(f"{service} service unavailable{reason}") from last_error

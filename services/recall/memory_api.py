@@ -101,7 +101,7 @@ async def search(res: ReadResources, ctx: ToolContext, args: dict[str, Any]) -> 
     if banks.byte_length(q) > banks.QUERY_MAX_BYTES:
         raise MemoryApiError(400, f"q must be at most {banks.QUERY_MAX_BYTES} characters")
     limit = args.get("limit") or banks.SEARCH_LIMIT_DEFAULT
-    async with res.search_slot(), res.pool.acquire() as conn:
+    async with res.search_slot(ctx.deadline), res.pool.acquire() as conn:
         only = (await _namespace(conn, ctx.principal, args["namespace"]))["id"] if args.get("namespace") else None
         vector = asyncio.ensure_future(res.embed_query(q))
         corpus = FragmentFilter()

@@ -19,7 +19,7 @@ import anyio
 import asyncpg
 import numpy as np
 from cachetools import TTLCache
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 from redis.exceptions import RedisError
 
 from services.common.internal import ToolContext, parse_arguments
@@ -29,11 +29,11 @@ from services.recall.effects import SideEffects
 from services.recall.search import LAYER_DEPTH, DocumentFrequencies, SearchRequest, layered_search
 from services.recall.timeparse import parse_bound
 from shared.contract.read import RecallArgs
-from shared.domain.errors import InvalidParams
+from shared.domain.errors import InvalidParams, Unavailable
 from shared.domain.search import DEPTH_TYPES, FragmentFilter, RankedHit
 from shared.domain.tokens import TokenCounter
 from shared.embeddings import Embedder
-from shared.metrics import L1_LOOKUPS, SEARCH_SLOTS, SEARCHES_WAITING
+from shared.metrics import L1_LOOKUPS, SEARCH_SLOTS, SEARCHES_SHED, SEARCHES_WAITING
 from shared.read_routing import on_primary, reading_replica
 from shared.recall_cache import current_generation
 from shared.repositories import events as events_repo
@@ -71,6 +71,12 @@ def search_slots(pool_max: int) -> int:
     return max(1, pool_max // 2)
 
 
+# A search still waiting for its slot this close to its caller's deadline is shed: the
+# reply would come after the caller gave up (the gateway's UPSTREAM_TIMEOUT), and a backlog
+# of such searches would keep an overloaded replica busy for callers long gone.
+SHED_MARGIN_S = 1.0
+
+
 @dataclass
 class ReadResources:
     pool: asyncpg.Pool
@@ -91,6 +97,7 @@ class ReadResources:
     # run one after the other.
     lender: asyncpg.Pool | None = field(init=False)
     _waiting: Gauge = field(init=False)
+    _shed: Counter = field(init=False)
 
     def __post_init__(self) -> None:
         pool_max = self.pool.get_max_size()
@@ -98,17 +105,25 @@ class ReadResources:
         self.searches = asyncio.Semaphore(slots)
         SEARCH_SLOTS.labels("recall").set(slots)
         self._waiting = SEARCHES_WAITING.labels("recall")  # exported from the start, at 0
+        self._shed = SEARCHES_SHED.labels("recall")
         self.lender = self.pool if pool_max > 1 else None
         # The most recent QUERY_VECTORS query embeddings: an agent repeats its questions, and
         # writes invalidate L1 but never a text's vector.
         self._vector_of = functools.lru_cache(maxsize=QUERY_VECTORS)(lambda text: self.embedder.embed([text])[0])
 
     @asynccontextmanager
-    async def search_slot(self) -> AsyncIterator[None]:
+    async def search_slot(self, deadline: float | None = None) -> AsyncIterator[None]:
         """One of the searches' slots (search_slots), taken before the search's main connection;
-        those waiting for one are engram_recall_searches_waiting."""
+        those waiting for one are engram_recall_searches_waiting. A search whose slot has not
+        come SHED_MARGIN_S before `deadline` (ToolContext.deadline) is Unavailable instead (503,
+        Retry-After at the gateway); a free slot is taken whatever the deadline."""
         with self._waiting.track_inprogress():
-            await self.searches.acquire()
+            try:
+                async with asyncio.timeout_at(None if deadline is None else deadline - SHED_MARGIN_S):
+                    await self.searches.acquire()
+            except TimeoutError:
+                self._shed.inc()
+                raise Unavailable("recall service busy: no search slot came before the caller's deadline") from None
         try:
             yield
         finally:
@@ -267,7 +282,7 @@ async def recall(res: ReadResources, ctx: ToolContext, arguments: dict[str, Any]
     if args.excludeSeen:
         flt.exclude_ids = await _seen(res, ctx)
 
-    async with res.search_slot(), res.pool.acquire() as conn:
+    async with res.search_slot(ctx.deadline), res.pool.acquire() as conn:
         cache_key = None
         body = None
         latest = await recall_views.latest_seq(conn, ctx.principal)

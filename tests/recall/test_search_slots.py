@@ -20,8 +20,9 @@ from prometheus_client import REGISTRY
 
 from services.common.internal import ToolContext
 from services.recall.effects import SideEffects
-from services.recall.service import ReadResources, recall, search_slots
+from services.recall.service import SHED_MARGIN_S, ReadResources, recall, search_slots
 from shared.db import create_pool
+from shared.domain.errors import Unavailable
 from shared.domain.principal import Principal
 from shared.domain.tokens import TokenCounter
 from shared.embeddings import load_embedder, tokenizer_file
@@ -136,6 +137,32 @@ async def test_a_search_waits_for_a_slot_holding_no_connection(stack: Stack) -> 
         reply, _ = await asyncio.wait_for(task, DEADLINE_S)
         assert waiting() == 0
     assert "main branch" in reply["fragments"][0]["content"]
+
+
+def shed() -> float:
+    return REGISTRY.get_sample_value("engram_recall_searches_shed_total", {"service": "recall"}) or 0.0
+
+
+async def test_a_search_whose_slot_does_not_come_before_its_deadline_is_shed(stack: Stack) -> None:
+    """A waiting search is shed (Unavailable: the gateway's 503 with Retry-After) once its
+    slot has not come SHED_MARGIN_S before its caller's deadline, instead of running later for a
+    caller who gave up; it leaves no slot, connection or waiter behind. A free slot is taken
+    whatever the deadline."""
+    async with in_process(stack, "The ingest service deploys from the trunk branch.", 2) as (res, ws):
+        loop = asyncio.get_running_loop()
+        args = {"text": "ingest branch", "workspace": ws}
+        before = shed()
+        async with res.search_slot():  # the one slot of a two-connection pool
+            ctx = ToolContext(principal=Principal.master(), deadline=loop.time() + SHED_MARGIN_S + 0.2)
+            with pytest.raises(Unavailable, match="no search slot came before the caller's deadline"):
+                await asyncio.wait_for(recall(res, ctx, args), DEADLINE_S)
+            assert waiting() == 0 and shed() == before + 1
+            assert res.pool.get_idle_size() == res.pool.get_size() == 2
+        # The slot is free again: taken at once, even by a search whose deadline has passed.
+        late = ToolContext(principal=Principal.master(), deadline=loop.time() - 10)
+        reply, _ = await asyncio.wait_for(recall(res, late, args), DEADLINE_S)
+        assert "trunk branch" in reply["fragments"][0]["content"]
+        assert shed() == before + 1 and res.searches.locked() is False
 
 
 def test_searches_hold_at_most_half_the_pool() -> None:
