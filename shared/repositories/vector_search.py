@@ -4,12 +4,13 @@ Two plans, chosen per query by the scope's size. HNSW with the filters inside th
 (hnsw.iterative_scan, set on the pool) visits about k / selectivity tuples, each a heap row
 to test the filters, before k of them pass: cheap for a broad scope, hundreds of ms for a
 selective one (at 1.1M rows, scopes of 1-10k took the filtered recall's p99 to 600-800 ms).
-Ranking the scope exactly costs one heap row per scope row. So a scope of s rows in a table
-of N is ranked exactly when s is below EXACT_SCOPE_FLOOR or s^2 <= EXACT_WEIGHT * k * N,
-the point where both plans read about as many rows; s is counted over the scope indexes
-(index-only, bounded by that threshold; by the statement itself, or beforehand by
-scope_rows() while the caller's model embeds the query) and N is the planner's row count
-from pg_class.
+Ranking the scope exactly costs one heap row per scope row. So a scope of s rows whose walk
+would take a graph of G rows is ranked exactly when s is below EXACT_SCOPE_FLOOR or
+s^2 <= EXACT_WEIGHT * k * G, the point where both plans cost about the same; s is counted over
+the scope indexes (index-only, bounded by that threshold; by the statement itself, or
+beforehand by scope_rows() while the caller's model embeds the query) and G is the planner's
+row count from pg_class: of the scope's type graph when it names one type that has a valid
+graph (type_graphs), else of the table.
 
 The exact ranking reads its rows from fragments_scope_vectors, a btree over (tenant,
 workspace, type, importance) that carries each row's embedding in half precision and the
@@ -31,6 +32,7 @@ import numpy as np
 from shared.domain.principal import Principal, SqlParams, scope_clause, scope_workspace_ranges, workspace_ranges
 from shared.domain.search import FragmentFilter
 from shared.repositories.fragments import filter_clauses, narrowing_clauses
+from shared.repositories.type_graphs import GRAPH_PREFIX
 
 # Scopes up to this many rows are always ranked exactly, whatever the table's size: reading
 # them costs less than HNSW's entry into the graph and it is exact.
@@ -42,8 +44,16 @@ EXACT_SCOPE_FLOOR = 1000
 # forced at 100k crossed near 5k rows); with the covering index, at 1M (k = 60), nearest()
 # over the filtered suite interleaved per query: 4 -> 16, p95 179 -> 95 and 113 -> 70 ms,
 # p99 277 -> 145 and 152 -> 80 (p50 23 -> 28, 29 -> 31); 16 against 40, p95 68 / 90; 8 / 16 / 24
-# in a slow stretch, p95 292 / 245 / 224 (bench/README.md, session 15). At 1M the cap is ~31k rows.
-EXACT_WEIGHT = 16.0
+# in a slow stretch, p95 292 / 245 / 224 (bench/README.md, session 15). At 1M the cap was ~31k rows.
+# Session 15 knew one graph, the table's. Since then type graphs (session 18) and a cheaper exact
+# ranking (half vectors, index-only) moved the crossover, and the cap was still taken from the
+# table's rows for every walk. At 1M, both plans forced per query by type (session 30): types
+# with a graph of 107-343k rows crossed at ~20k (the smaller graphs) to ~31k (fact, 343k); types
+# without one walked the table's graph at 73-637 ms p50 where the exact ranking took 9-28, up to
+# 45k rows. 48 with G, the walked graph's rows, puts the caps there: 17-31k for the type graphs,
+# ~54k for the table's graph at 1M (17k at 100k, where recall() over the filtered suite, both
+# caps interleaved per query, measured the same: p95 38.6 / 36.1 and 32.6 / 32.8 ms).
+EXACT_WEIGHT = 48.0
 # The exact ranking used to take the 2k best of the scope by half precision and order those
 # by their float vectors, read from the heap by key. At 1M (200 filtered queries, k = 60) both
 # orders held the same top 10, 30 and 60 ids in every query, in another order within the list
@@ -61,11 +71,27 @@ def graph_settings(ef_search: int) -> dict[str, str]:
     return {"hnsw.iterative_scan": "relaxed_order", "hnsw.ef_search": str(int(ef_search))}
 
 
-def _exact_cap(limit: int) -> str:
-    """SQL for the largest scope ranked exactly at this k, from the table's planner row count."""
+def _exact_cap(limit: int, flt: FragmentFilter | None = None, params: SqlParams | None = None) -> str:
+    """SQL for the largest scope ranked exactly at this k: from the planner's row count of the
+    graph a walk of this scope would take (_walked_rows), the whole table's without `flt`."""
+    rows = "greatest(c.reltuples, 0)" if flt is None or params is None else _walked_rows(flt, params)
     return (
-        f"(SELECT greatest({EXACT_SCOPE_FLOOR}, sqrt({EXACT_WEIGHT} * {int(limit)} * greatest(c.reltuples, 0))::int)"
+        f"(SELECT greatest({EXACT_SCOPE_FLOOR}, sqrt({EXACT_WEIGHT} * {int(limit)} * {rows})::int)"
         " FROM pg_class c WHERE c.oid = 'fragments'::regclass)"
+    )
+
+
+def _walked_rows(flt: FragmentFilter, params: SqlParams) -> str:
+    """SQL for the rows of the graph the walk takes: a scope of one type whose graph is built
+    and valid walks that graph (type_graphs), any other scope the whole table's. The walk visits
+    about k * G / s tuples of a graph of G rows, so that G, not the table's, sets the cap."""
+    table = "greatest(c.reltuples, 0)"
+    if flt.types is None or len(flt.types) != 1:
+        return table
+    graph = params.add(GRAPH_PREFIX + flt.types[0])
+    return (
+        "coalesce((SELECT greatest(g.reltuples, 0) FROM pg_class g JOIN pg_index i ON i.indexrelid = g.oid"
+        f" WHERE g.oid = to_regclass({graph}::text) AND i.indisvalid), {table})"
     )
 
 
@@ -108,7 +134,7 @@ def scope_rows_statement(principal: Principal, flt: FragmentFilter, limit: int) 
     """The scope's size as nearest() decides by it, counted up to just past the exact cap."""
     params = SqlParams()
     counts = " + ".join(_scope_counts(principal, flt, params))
-    return f"WITH t AS MATERIALIZED (SELECT {_exact_cap(limit)} AS cap) SELECT {counts}", params.values
+    return f"WITH t AS MATERIALIZED (SELECT {_exact_cap(limit, flt, params)} AS cap) SELECT {counts}", params.values
 
 
 async def scope_rows(conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, limit: int) -> int | None:
@@ -150,7 +176,7 @@ def nearest_statement(
     # plan's in a block, two blocks each) went from p95 21.5-21.9 to 18.2-18.4 ms and p99
     # 23.7-24.1 to 19.7-20.0, the same ids in the same order (bench/README.md, session 21).
     sql = f"""
-        WITH t AS MATERIALIZED (SELECT {_exact_cap(limit)} AS cap),
+        WITH t AS MATERIALIZED (SELECT {_exact_cap(limit, flt, params)} AS cap),
         n AS MATERIALIZED (SELECT {counts} AS rows),
         scope AS NOT MATERIALIZED ({exact}),
         exact AS MATERIALIZED (SELECT id, distance FROM scope ORDER BY distance LIMIT {k}),

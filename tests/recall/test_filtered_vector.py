@@ -256,6 +256,8 @@ async def test_the_exact_share_grows_with_the_table(tenants: Tenants, monkeypatc
     EXACT_WEIGHT * k * the table's rows (pg_class): the same 15-row scope is exact against
     a weight that allows it and walks HNSW against one that does not."""
     query, _, _ = await _scene(tenants, seed=4)
+    # The whole table's walk: a fact graph (another test's) would set the cap by its own rows.
+    await tenants.conn.execute("DROP INDEX IF EXISTS fragments_embedding_hnsw_fact")
     await tenants.conn.execute("ANALYZE fragments")
     table = max(await tenants.conn.fetchval("SELECT reltuples FROM pg_class WHERE oid = 'fragments'::regclass"), 1.0)
     flt = FragmentFilter(workspace=tenants.ws, types=("fact",))
@@ -332,6 +334,33 @@ async def test_a_broad_scope_of_one_type_walks_that_type_s_graph(tenants: Tenant
         assert len(got) == 4
         assert {i for i, _ in got} <= {i for i, (t, imp, _) in rows.items() if t in types and imp >= 0.4}
         assert not set(foreign) & {i for i, _ in got}
+
+
+async def test_the_cap_is_set_by_the_rows_of_the_graph_the_walk_would_take(tenants: Tenants, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk visits about k * G / s tuples of a graph of G rows, so a scope of one type whose
+    graph is built is capped by that graph's rows, not the table's: at 1M, scopes of a type
+    without a graph walked the whole table's at 73-637 ms p50 where ranking them exactly took
+    9-28 (bench/README.md, session 30). The same 4-row scope is exact under the table's cap,
+    walks its type's graph under the graph's, and is exact again when that graph is invalid
+    (a build that did not finish, which the planner does not walk)."""
+    query, rows, _ = await _scene(tenants, seed=13)
+    conn = tenants.conn
+    await _with_type_graphs(conn)
+    flt = FragmentFilter(workspace=tenants.ws, types=("decision",))
+    scope = sum(1 for kind, _, _ in rows.values() if kind == "decision")
+    table = await conn.fetchval("SELECT reltuples FROM pg_class WHERE oid = 'fragments'::regclass")
+    graph = await conn.fetchval("SELECT reltuples FROM pg_class WHERE oid = 'fragments_embedding_hnsw_decision'::regclass")
+    assert scope == 4 and 0 < graph < table / 2
+    # The table's cap just past the scope, so the graph's is below it.
+    await _broad(conn, monkeypatch, weight=(scope + 0.5) ** 2 / (4 * table))
+    cap_sql = f"SELECT {vector_search._exact_cap(4)}"
+    assert await conn.fetchval(cap_sql) >= scope
+    assert await _ran(conn, tenants.principal, flt, query, 4) == (set(), {"fragments_embedding_hnsw_decision"})
+    await conn.execute("UPDATE pg_index SET indisvalid = false WHERE indexrelid = 'fragments_embedding_hnsw_decision'::regclass")
+    try:
+        assert await _executed(conn, tenants.principal, flt, query, 4) == {"exact"}
+    finally:
+        await conn.execute("UPDATE pg_index SET indisvalid = true WHERE indexrelid = 'fragments_embedding_hnsw_decision'::regclass")
 
 
 async def test_a_pooled_connection_keeps_walking_the_graph_after_its_first_release(
