@@ -8,10 +8,10 @@ second graph insert on every write of that type (+0.4 ms of Postgres a LoCoMo tu
 the write path's own CPU). How many tuples the whole graph's walk visits grows with the
 square root of the table (k over the scope's share, and a scope past the cap is at least
 sqrt(EXACT_WEIGHT * k * N) rows), so a small store walks the whole graph cheaply and would pay
-for its type graphs on every write for nothing (where a type has its graph, the exact cap is
-taken from that graph's rows: vector_search._walked_rows). Migration 0032 drops the graphs of types with
-fewer rows than TYPE_GRAPH_MIN_ROWS; the maintenance worker builds a type's graph (CREATE
-INDEX CONCURRENTLY, writes go on) once the planner's statistics put the type past it."""
+for its type graphs on every write for nothing. Where a type has its graph, the exact cap is
+taken from that graph's rows (vector_search._walked_rows). Migration 0032 drops the graphs of
+types with fewer rows than TYPE_GRAPH_MIN_ROWS; the maintenance worker builds a type's graph
+(CREATE INDEX CONCURRENTLY, writes go on) once the planner's statistics put the type past it."""
 
 from __future__ import annotations
 
