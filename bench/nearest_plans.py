@@ -30,6 +30,7 @@ from shared.domain.search import FragmentFilter
 from shared.embeddings import load_embedder
 from shared.repositories import vector_search
 from shared.repositories.fragments import filter_clauses
+from shared.repositories.type_graphs import FRAGMENT_TYPES
 from shared.settings import RecallSettings
 
 # The k the vector layer asks nearest() for in a recall.
@@ -50,6 +51,17 @@ async def _true_rows(conn: asyncpg.Connection, principal: Principal, flt: Fragme
     params = SqlParams()
     where = " AND ".join(filter_clauses(principal, flt, params))
     return int(await conn.fetchval(f"SELECT count(*) FROM fragments f WHERE f.embedding IS NOT NULL AND {where}", *params.values))
+
+
+async def _caps(conn: asyncpg.Connection) -> str:
+    """The exact cap of a scope of each type (its own graph's rows when it has a valid one),
+    and of any other scope (the table's)."""
+    caps = [f"table {await conn.fetchval(f'SELECT {vector_search._exact_cap(K)}')}"]
+    for kind in FRAGMENT_TYPES:
+        params = SqlParams()
+        sql = f"SELECT {vector_search._exact_cap(K, FragmentFilter(types=(kind,)), params)}"
+        caps.append(f"{kind} {await conn.fetchval(sql, *params.values)}")
+    return ", ".join(caps)
 
 
 async def run(database_url: str, namespace: str, count: int, seed: int, plans: list[str]) -> None:
@@ -81,10 +93,10 @@ async def run(database_url: str, namespace: str, count: int, seed: int, plans: l
                     overlap[bucket][plan].append(
                         (len(set(got[plan]) & set(truth)) / len(truth), len(set(got[plan][:10]) & set(truth[:10])) / len(truth[:10]))
                     )
-        cap = await conn.fetchval(f"SELECT {vector_search._exact_cap(K)}")
+        caps = await _caps(conn)
     await pool.close()
-    print(f"nearest() by scope size, k = {K}, {count} filtered queries (seed {seed}), exact cap at this k:"
-          f" {cap} rows; ms p50 / p95, overlap with the exact ranking @{K} / @10")
+    print(f"nearest() by scope size, k = {K}, {count} filtered queries (seed {seed}), exact caps at this k"
+          f" (rows, by the graph a walk takes): {caps}; ms p50 / p95, overlap with the exact ranking @{K} / @10")
     order_keys = sorted(times, key=lambda b: (b.startswith(">"), int(b.split("-")[0]) if not b.startswith(">") else 0))
     header = f"{'scope rows':>12s} {'n':>4s} " + " ".join(f"{p:>26s}" for p in plans)
     print(header)
