@@ -59,7 +59,8 @@ async def _caps(conn: asyncpg.Connection) -> str:
     caps = [f"table {await conn.fetchval(f'SELECT {vector_search._exact_cap(K)}')}"]
     for kind in FRAGMENT_TYPES:
         params = SqlParams()
-        sql = f"SELECT {vector_search._exact_cap(K, FragmentFilter(types=(kind,)), params)}"
+        rows = vector_search._walked_rows(FragmentFilter(types=(kind,)), params)
+        sql = f"SELECT {vector_search._exact_cap(K, rows)}"
         caps.append(f"{kind} {await conn.fetchval(sql, *params.values)}")
     return ", ".join(caps)
 

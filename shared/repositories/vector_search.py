@@ -73,10 +73,13 @@ def graph_settings(ef_search: int) -> dict[str, str]:
     return {"hnsw.iterative_scan": "relaxed_order", "hnsw.ef_search": str(int(ef_search))}
 
 
-def _exact_cap(limit: int, flt: FragmentFilter | None = None, params: SqlParams | None = None) -> str:
-    """SQL for the largest scope ranked exactly at this k: from the planner's row count of the
-    graph a walk of this scope would take (_walked_rows), the whole table's without `flt`."""
-    rows = "greatest(c.reltuples, 0)" if flt is None or params is None else _walked_rows(flt, params)
+# The planner's row count of the table, in _exact_cap's FROM.
+TABLE_ROWS = "greatest(c.reltuples, 0)"
+
+
+def _exact_cap(limit: int, rows: str = TABLE_ROWS) -> str:
+    """SQL for the largest scope ranked exactly at this k: `rows` is the SQL of the walked
+    graph's row count (_walked_rows), the table's by default."""
     return (
         f"(SELECT greatest({EXACT_SCOPE_FLOOR}, sqrt({EXACT_WEIGHT} * {int(limit)} * {rows})::int)"
         " FROM pg_class c WHERE c.oid = 'fragments'::regclass)"
@@ -87,13 +90,12 @@ def _walked_rows(flt: FragmentFilter, params: SqlParams) -> str:
     """SQL for the rows of the graph the walk takes: a scope of one type whose graph is built
     and valid walks that graph (type_graphs), any other scope the whole table's. The walk visits
     about k * G / s tuples of a graph of G rows, so that G, not the table's, sets the cap."""
-    table = "greatest(c.reltuples, 0)"
     if flt.types is None or len(flt.types) != 1:
-        return table
+        return TABLE_ROWS
     graph = params.add(GRAPH_PREFIX + flt.types[0])
     return (
         "coalesce((SELECT greatest(g.reltuples, 0) FROM pg_class g JOIN pg_index i ON i.indexrelid = g.oid"
-        f" WHERE g.oid = to_regclass({graph}::text) AND i.indisvalid), {table})"
+        f" WHERE g.oid = to_regclass({graph}::text) AND i.indisvalid), {TABLE_ROWS})"
     )
 
 
@@ -136,7 +138,8 @@ def scope_rows_statement(principal: Principal, flt: FragmentFilter, limit: int) 
     """The scope's size as nearest() decides by it, counted up to just past the exact cap."""
     params = SqlParams()
     counts = " + ".join(_scope_counts(principal, flt, params))
-    return f"WITH t AS MATERIALIZED (SELECT {_exact_cap(limit, flt, params)} AS cap) SELECT {counts}", params.values
+    cap = _exact_cap(limit, _walked_rows(flt, params))
+    return f"WITH t AS MATERIALIZED (SELECT {cap} AS cap) SELECT {counts}", params.values
 
 
 async def scope_rows(conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, limit: int) -> int | None:
@@ -178,7 +181,7 @@ def nearest_statement(
     # plan's in a block, two blocks each) went from p95 21.5-21.9 to 18.2-18.4 ms and p99
     # 23.7-24.1 to 19.7-20.0, the same ids in the same order (bench/README.md, session 21).
     sql = f"""
-        WITH t AS MATERIALIZED (SELECT {_exact_cap(limit, flt, params)} AS cap),
+        WITH t AS MATERIALIZED (SELECT {_exact_cap(limit, _walked_rows(flt, params))} AS cap),
         n AS MATERIALIZED (SELECT {counts} AS rows),
         scope AS NOT MATERIALIZED ({exact}),
         exact AS MATERIALIZED (SELECT id, distance FROM scope ORDER BY distance LIMIT {k}),
