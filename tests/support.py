@@ -6,13 +6,15 @@ import asyncio
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from services.stack.client import mcp_session, payload
 from services.stack.supervisor import Stack, StackConfig, free_port
+
+T = TypeVar("T")
 
 
 def new_stack_config(data_dir: Path, **overrides: Any) -> StackConfig:
@@ -51,6 +53,18 @@ async def wait_for(predicate: Any, timeout: float = 20.0, interval: float = 0.2)
         if value or time.monotonic() > deadline:
             return value
         await asyncio.sleep(interval)
+
+
+async def in_one_window(run: Callable[[], Awaitable[T]], window: int = 60, tries: int = 3) -> T:
+    """run()'s result from a run that started and ended in one fixed rate-limit window of
+    `window` seconds: a run that crosses a window's end may be let through twice the limit,
+    so it is repeated (run() must count against fresh keys each time)."""
+    for _ in range(tries):
+        started = int(time.time() // window)
+        result = await run()
+        if int(time.time() // window) == started:
+            return result
+    raise AssertionError(f"each of {tries} runs crossed a rate-limit window's end")
 
 
 def unique(prefix: str = "ws") -> str:
