@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from services.gateway.core.limits import WINDOW_SECONDS
 from services.stack.client import mcp_session, payload
 from services.stack.supervisor import Stack, StackConfig, free_port
 
@@ -55,14 +56,14 @@ async def wait_for(predicate: Any, timeout: float = 20.0, interval: float = 0.2)
         await asyncio.sleep(interval)
 
 
-async def in_one_window(run: Callable[[], Awaitable[T]], window: int = 60, tries: int = 3) -> T:
-    """run()'s result from a run that started and ended in one fixed rate-limit window of
-    `window` seconds: a run that crosses a window's end may be let through twice the limit,
-    so it is repeated (run() must count against fresh keys each time)."""
+async def in_one_window(run: Callable[[], Awaitable[T]], tries: int = 3) -> T:
+    """run()'s result from a run that started and ended in one of the rate limits' fixed
+    windows (services/gateway/core/limits.py): a run that crosses a window's end may be let
+    through twice the limit, so it is repeated (run() must count against fresh keys each time)."""
     for _ in range(tries):
-        started = int(time.time() // window)
+        started = int(time.time() // WINDOW_SECONDS)
         result = await run()
-        if int(time.time() // window) == started:
+        if int(time.time() // WINDOW_SECONDS) == started:
             return result
     raise AssertionError(f"each of {tries} runs crossed a rate-limit window's end")
 

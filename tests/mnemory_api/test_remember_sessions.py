@@ -22,7 +22,6 @@ from typing import Any, ClassVar
 import httpx
 import pytest
 
-from services.gateway.core.limits import WINDOW_SECONDS
 from tests.mnemory_api.helpers import api, eventually
 from tests.support import Stack, create_api_key, in_one_window, new_stack_config, unique
 
@@ -170,7 +169,7 @@ async def test_remember_is_rate_limited_per_key(own: Stack) -> None:
             return [(await c.post("/api/remember", json=_exchange(unique("r"), "Nothing durable here?", "ok"))).status_code
                     for _ in range(RATE_LIMIT + 2)]
 
-    codes = await in_one_window(attempt_all, WINDOW_SECONDS)  # the window may start mid-loop, not end in it
+    codes = await in_one_window(attempt_all)  # the window may start mid-loop, not end in it
     assert 0 < codes.count(200) <= RATE_LIMIT and codes[-1] == 429, codes
     other, _ = await create_api_key(own.database_url)
     async with api(own.gateway_url, other) as o:

@@ -23,7 +23,6 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from websockets.exceptions import InvalidStatus
 
-from services.gateway.core.limits import WINDOW_SECONDS
 from services.stack.supervisor import ServiceProcess, Stack
 from tests.gateway.conftest import Gateway, start_gateway
 from tests.security.conftest import MEMORY, WAIT, deactivate, http
@@ -185,7 +184,7 @@ async def test_every_new_route_counts_in_its_keys_window(stack: Stack, limited_g
         ]
         return [await attempts[i % len(attempts)]() for i in range(3 * LIMIT)]
 
-    seen = await in_one_window(attempt_all, WINDOW_SECONDS)
+    seen = await in_one_window(attempt_all)
     assert set(seen) <= {200, 429} and 0 < seen.count(200) <= LIMIT, seen
     # Once refused, every way in of the key (the last four, one of each) is refused within the window.
     assert seen[-4:] == [429] * 4, seen
