@@ -54,9 +54,12 @@ STAGES = {
 }
 
 
-def _timed(label: str, fn: Callable[..., Any], timings: dict[str, list[float]], spans: list[tuple[str, float, float]]) -> Any:
-    """`fn` (a coroutine function) wrapped to add each call's duration to `timings` and its
-    (label, start, end) in perf_counter seconds to `spans`, from which a query's timeline is read."""
+def timed_stage(
+    label: str, fn: Callable[..., Any], timings: dict[str, list[float]], spans: list[tuple[str, float, float]] | None = None,
+) -> Any:
+    """`fn` (a coroutine function) wrapped to add each call's duration to `timings` and, with
+    `spans`, its (label, start, end) in perf_counter seconds there, from which a query's
+    timeline is read."""
 
     @functools.wraps(fn)
     async def timed(*args: Any, **kwargs: Any) -> Any:
@@ -66,7 +69,8 @@ def _timed(label: str, fn: Callable[..., Any], timings: dict[str, list[float]], 
         finally:
             ended = time.perf_counter()
             timings[label].append((ended - began) * 1000)
-            spans.append((label, began, ended))
+            if spans is not None:
+                spans.append((label, began, ended))
 
     return timed
 
@@ -75,7 +79,7 @@ def _instrument(timings: dict[str, list[float]], spans: list[tuple[str, float, f
     for module, names in STAGES.items():
         for name in names:
             label = f"{module.__name__.rsplit('.', 1)[-1]}.{name}"
-            setattr(module, name, _timed(label, getattr(module, name), timings, spans))
+            setattr(module, name, timed_stage(label, getattr(module, name), timings, spans))
 
 
 async def run(
@@ -99,8 +103,8 @@ async def run(
 
     # embed_queries of one text calls embed_query (the instance's, so the timed one): both
     # spans then cover the same run of the model.
-    res.embed_query = _timed("embed_query", res.embed_query, timings, spans)  # type: ignore[method-assign]
-    res.embed_queries = _timed("embed_queries", res.embed_queries, timings, spans)  # type: ignore[method-assign]
+    res.embed_query = timed_stage("embed_query", res.embed_query, timings, spans)  # type: ignore[method-assign]
+    res.embed_queries = timed_stage("embed_queries", res.embed_queries, timings, spans)  # type: ignore[method-assign]
     memories = generate(100_000, seed=seed)
     queries = SUITES[kind](memories, WARMUP + count, seed={"text": seed + 1, "keyword": seed + 2, "filtered": seed + 3}[kind])
     ctx = ToolContext(principal=Principal.master())

@@ -29,6 +29,7 @@ from bench.eval_locomo import DEV_DATA
 from bench.harness import percentile
 from bench.ingest_bench import locomo_memories
 from bench.loading import run_namespace, scoped
+from bench.recall_profile import timed_stage
 from services.common.internal import ToolContext
 from services.ingest import remember as remember_tool
 from services.ingest import service
@@ -64,38 +65,22 @@ def _timed_sync(label: str, fn: Callable[..., Any], timings: dict[str, list[floa
     return timed
 
 
-def _timed(label: str, fn: Callable[..., Any], timings: dict[str, list[float]]) -> Any:
-    @functools.wraps(fn)
-    async def timed(*args: Any, **kwargs: Any) -> Any:
-        began = time.perf_counter()
-        try:
-            return await fn(*args, **kwargs)
-        finally:
-            timings[label].append((time.perf_counter() - began) * 1000)
-
-    return timed
-
-
-async def _nothing(*_args: Any, **_kwargs: Any) -> None:
-    return None
-
-
 async def run(database_url: str, redis_url: str, data: Path, count: int) -> None:
     timings: dict[str, list[float]] = defaultdict(list)
     for module, names in STAGES.items():
         for name in names:
-            setattr(module, name, _timed(f"{module.__name__.rsplit('.', 1)[-1]}.{name}", getattr(module, name), timings))
+            setattr(module, name, timed_stage(f"{module.__name__.rsplit('.', 1)[-1]}.{name}", getattr(module, name), timings))
     # Screening, keywords and the content's cut: CPU on the event loop before the model starts.
     remember_tool.build_fragment = _timed_sync("remember.build_fragment", remember_tool.build_fragment, timings)
     settings = IngestSettings()
     pool = await create_pool(database_url, min_size=2, max_size=4, server_settings=vector_search.graph_settings(settings.hnsw_ef_search))
     redis = Redis.from_url(redis_url)
     # The stack's own ingest relays the outbox rows these writes record; this one is never run.
-    relay = OutboxRelay(pool, "profile", _nothing, poll=1.0, backoff_max=1.0)
+    relay = OutboxRelay(pool, "profile", lambda jobs: 0, poll=1.0, backoff_max=1.0)
     res = WriteResources(pool=pool, embedder=load_embedder(), settings=settings, redis=redis, relay=relay)
-    res.embed_fragments = _timed("embed_fragments", res.embed_fragments, timings)  # type: ignore[method-assign]
-    after_commit = _timed("after_commit", service.after_commit, timings)
-    invalidate = _timed("invalidate_recall_cache", service.invalidate_recall_cache, timings)
+    res.embed_fragments = timed_stage("embed_fragments", res.embed_fragments, timings)  # type: ignore[method-assign]
+    after_commit = timed_stage("after_commit", service.after_commit, timings)
+    invalidate = timed_stage("invalidate_recall_cache", service.invalidate_recall_cache, timings)
     namespace = run_namespace("remember-profile")
     memories = locomo_memories(data, WARMUP + count, "prof")
     ctx = ToolContext(principal=Principal.master())
