@@ -38,6 +38,7 @@ from shared.db import create_pool
 from shared.domain.principal import Principal
 from shared.embeddings import load_embedder
 from shared.job_relay import OutboxRelay
+from shared.jobs import broker_key
 from shared.repositories import fragments as fragments_repo
 from shared.repositories import outbox as outbox_repo
 from shared.repositories import vector_search
@@ -75,8 +76,10 @@ async def run(database_url: str, redis_url: str, data: Path, count: int) -> None
     settings = IngestSettings()
     pool = await create_pool(database_url, min_size=2, max_size=4, server_settings=vector_search.graph_settings(settings.hnsw_ef_search))
     redis = Redis.from_url(redis_url)
-    # The stack's own ingest relays the outbox rows these writes record; this one is never run.
-    relay = OutboxRelay(pool, "profile", lambda jobs: 0, poll=1.0, backoff_max=1.0)
+    # Jobs are recorded under the stack's broker key (its ingest uses this Redis as its broker,
+    # as `make run` and the benches' stacks do), so the stack's own relay sends them; this
+    # relay is never run.
+    relay = OutboxRelay(pool, broker_key(redis_url), lambda jobs: 0, poll=1.0, backoff_max=1.0)
     res = WriteResources(pool=pool, embedder=load_embedder(), settings=settings, redis=redis, relay=relay)
     res.embed_fragments = timed_stage("embed_fragments", res.embed_fragments, timings)  # type: ignore[method-assign]
     after_commit = timed_stage("after_commit", service.after_commit, timings)

@@ -173,8 +173,9 @@ class SideEffects:
         pipe = redis.pipeline(transaction=False)
         pipe.set(ALIVE.format(replica=self._replica), "1", ex=HEARTBEAT_TTL_S)
         pipe.sadd(REPLICAS, self._replica)
-        await pipe.execute()
-        owners = {m.decode() if isinstance(m, bytes) else m for m in await redis.smembers(REPLICAS)}
+        pipe.smembers(REPLICAS)
+        listed = (await pipe.execute())[-1]
+        owners = {m.decode() if isinstance(m, bytes) else m for m in listed}
         if scan:
             async for raw in redis.scan_iter(match=f"{QUEUE}:processing:*", count=1000):
                 owners.add((raw.decode() if isinstance(raw, bytes) else raw).removeprefix(f"{QUEUE}:processing:"))

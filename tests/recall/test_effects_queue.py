@@ -57,6 +57,10 @@ async def _landed(pool: asyncpg.Pool, marker: str) -> list[int]:
     return [r["id"] for r in rows]
 
 
+async def _landed_all(pool: asyncpg.Pool, marker: str, expected: list[int]) -> bool:
+    return await _landed(pool, marker) == expected
+
+
 async def test_a_drain_takes_up_to_a_batch_oldest_first_and_loses_nothing(pool: asyncpg.Pool, queue_redis: Redis) -> None:
     marker = unique("drain")
     queued = await _events(pool, marker, BATCH + 7)
@@ -118,7 +122,3 @@ async def test_a_dead_replicas_batch_is_applied_by_another_and_a_live_ones_is_le
     assert await _landed(pool, alive_marker) == []
     replicas = {m.decode() for m in await queue_redis.smembers(REPLICAS)}
     assert replicas == {alive, live}
-
-
-async def _landed_all(pool: asyncpg.Pool, marker: str, expected: list[int]) -> bool:
-    return await _landed(pool, marker) == expected
