@@ -109,7 +109,7 @@ async def search(res: ReadResources, ctx: ToolContext, args: dict[str, Any]) -> 
         outcome = await layered_search(
             conn, ctx.principal, corpus,
             SearchRequest(text=q, keywords=[], vector=vector, semantic_label="L3", threshold=0.0, filter_only=False),
-            total, res.df_cache, pool=res.lender,
+            total, res.df_cache, pool=res.lender, sizes=res.scope_sizes,
         )
         rows = await entries_repo.by_ids(conn, ctx.principal.reads, [h.id for h in outcome.hits])
     ranked = [rows[h.id] for h in outcome.hits if h.id in rows and (only is None or rows[h.id]["namespace_id"] == only)]

@@ -7,6 +7,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -216,6 +217,69 @@ class SearchOutcome:
     vector: np.ndarray | None = None
 
 
+# How long what one count of the vector layer's scope decided is reused (ScopeSizes): the
+# count only picks nearest()'s plan (the exact ranking within the cap, the graph beyond), and
+# a minute of writes moves a scope near the cap by little against the two plans' crossing.
+SCOPE_SIZE_TTL_S = 60.0
+SCOPE_SIZES_MAX = 20_000
+
+
+@dataclass
+class _PlanBounds:
+    """What counts of one scope (tenant, workspace, types) at some importance floors decided:
+    the count falls as the floor rises, so a floor at or above one whose count was within the
+    cap is within it too, and a floor at or below one whose count was past it is past it too."""
+
+    within: tuple[float, int] | None = None  # the lowest floor counted within the cap, and its count
+    beyond: tuple[float, int] | None = None  # the highest floor counted past the cap, and its count
+
+    def decided(self, floor: float) -> int | None:
+        """A count that decides the plan at `floor` as its own would, or None when no count so far does."""
+        if self.within is not None and floor >= self.within[0]:
+            return self.within[1]
+        if self.beyond is not None and floor <= self.beyond[0]:
+            return self.beyond[1]
+        return None
+
+    def learn(self, floor: float, rows: int, cap: int) -> None:
+        if rows <= cap:
+            if self.within is None or floor < self.within[0]:
+                self.within = (floor, rows)
+        elif self.beyond is None or floor > self.beyond[0]:
+            self.beyond = (floor, rows)
+
+
+class ScopeSizes:
+    """The vector layer's scope counts (vector_search.scope_size), kept per process (owned by
+    the app state) for SCOPE_SIZE_TTL_S: a filtered recall at 1M counted up to ~50k index
+    entries (3-7 ms of Postgres) while the model embedded its query on the same two cores, and
+    most counts decide nothing new. A scope is the caller's tenant, workspace and types; its
+    importance floor is answered from any earlier count that decides it (_PlanBounds)."""
+
+    def __init__(self) -> None:
+        self._bounds: TTLCache[tuple[object, ...], _PlanBounds] = TTLCache(SCOPE_SIZES_MAX, SCOPE_SIZE_TTL_S)
+
+    async def rows(self, pool: asyncpg.Pool, principal: Principal, flt: FragmentFilter, limit: int) -> int | None:
+        """A count for nearest()'s `scope_rows` (None for a scope with nothing to count), on a
+        connection of `pool` when no earlier count decides it."""
+        if not vector_search.countable(principal, flt):
+            return None
+        key = (principal.reads, flt.workspace, flt.types, limit)
+        floor = -math.inf if flt.min_importance is None else flt.min_importance
+        bounds = self._bounds.get(key)
+        if bounds is not None and (known := bounds.decided(floor)) is not None:
+            return known
+        async with pool.acquire() as conn:
+            counted = await vector_search.scope_size(conn, principal, flt, limit)
+        if counted is None:
+            return None
+        rows, cap = counted
+        if bounds is None:
+            bounds = self._bounds[key] = _PlanBounds()
+        bounds.learn(floor, rows, cap)
+        return rows
+
+
 async def _semantic_on(
     conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, req: SearchRequest, scope_rows: int | None = None,
 ) -> tuple[np.ndarray | None, list[tuple[str, float]]]:
@@ -230,15 +294,14 @@ async def _semantic_on(
 
 
 async def _semantic(
-    pool: asyncpg.Pool, principal: Principal, flt: FragmentFilter, req: SearchRequest
+    pool: asyncpg.Pool, principal: Principal, flt: FragmentFilter, req: SearchRequest, sizes: ScopeSizes,
 ) -> tuple[np.ndarray | None, list[tuple[str, float]]]:
     if req.vector is None:
         return None, []
     rows = None
-    if not req.vector.done() and vector_search.countable(principal, flt):
+    if not req.vector.done():
         # The vector layer's scope is counted while the model runs, not after it.
-        async with pool.acquire() as conn:
-            rows = await vector_search.scope_rows(conn, principal, flt, LAYER_DEPTH)
+        rows = await sizes.rows(pool, principal, flt, LAYER_DEPTH)
     await asyncio.shield(req.vector)  # no second connection is held while the model runs
     async with pool.acquire() as conn:
         return await _semantic_on(conn, principal, flt, req, rows)
@@ -363,10 +426,12 @@ async def _read_ahead(
 
 async def layered_search(
     conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, req: SearchRequest, scope_total: int,
-    df_cache: DocumentFrequencies, pool: asyncpg.Pool | None = None,
+    df_cache: DocumentFrequencies, pool: asyncpg.Pool | None = None, sizes: ScopeSizes | None = None,
 ) -> SearchOutcome:
     """`pool`, when given, lends a second connection so the vector layer (after the query
-    embedding) runs while the lexical layer does; without it the layers run one after the other."""
+    embedding) runs while the lexical layer does; without it the layers run one after the other.
+    `sizes` (the process's, when given) answers the vector layer's scope count from earlier ones."""
+    sizes = ScopeSizes() if sizes is None else sizes
     path: list[str] = []
     if req.filter_only:
         ranked = await fragments_repo.filtered_recent(conn, principal, flt, LAYER_DEPTH)
@@ -384,7 +449,9 @@ async def layered_search(
         # one): the question alone is embedded, and the model runs from the start, beside
         # the document frequencies, instead of after them.
         dense = replace(req, vector=asyncio.ensure_future(_nth(req.embed([req.text]), 0)), embed=None)
-    semantic_task = asyncio.ensure_future(_semantic(pool, principal, flt, dense)) if pool is not None and dense.embed is None else None
+    semantic_task = None
+    if pool is not None and dense.embed is None:
+        semantic_task = asyncio.ensure_future(_semantic(pool, principal, flt, dense, sizes))
     try:
         lexical_text = req.text or " ".join(req.keywords)
         extras = _lexical_extras(req.text, req.keywords)
@@ -405,7 +472,7 @@ async def layered_search(
                 if req.threshold is None and pool is not None and whole is not None:
                     whole_task = asyncio.ensure_future(_closest_whole(pool, conn, principal, flt, whole))
         if pool is not None and semantic_task is None:
-            semantic_task = asyncio.ensure_future(_semantic(pool, principal, flt, dense))
+            semantic_task = asyncio.ensure_future(_semantic(pool, principal, flt, dense, sizes))
         stats = retrieval.term_stats(dfs, scope_total)
         lexical, avgdl = await retrieval.bm25_candidates(conn, principal, flt, stats, dfs, LAYER_DEPTH)
         path.append(f"L2:{len(lexical)}")

@@ -26,7 +26,7 @@ from services.common.internal import ToolContext, parse_arguments
 from services.recall import meta as meta_mod
 from services.recall import render
 from services.recall.effects import SideEffects
-from services.recall.search import LAYER_DEPTH, DocumentFrequencies, SearchRequest, layered_search
+from services.recall.search import LAYER_DEPTH, DocumentFrequencies, ScopeSizes, SearchRequest, layered_search
 from services.recall.timeparse import parse_bound
 from shared.contract.read import RecallArgs
 from shared.domain.errors import InvalidParams, Unavailable
@@ -87,6 +87,7 @@ class ReadResources:
     redis: Any | None = None
     _totals: TTLCache[str, int] = field(default_factory=lambda: TTLCache(SCOPE_TOTALS_MAX, SCOPE_TOTAL_TTL_S))
     df_cache: DocumentFrequencies = field(default_factory=DocumentFrequencies)
+    scope_sizes: ScopeSizes = field(default_factory=ScopeSizes)
 
     # L1 writes in flight (held so they are not collected before they finish).
     _cache_writes: set[asyncio.Task[None]] = field(default_factory=set)
@@ -362,7 +363,7 @@ async def _search(
         conn, ctx.principal, flt,
         SearchRequest(text=args.text, keywords=keywords, vector=vector, semantic_label="L3" if args.text else "L3kw",
                       threshold=args.threshold, filter_only=filter_only, embed=res.embed_queries if args.text else None),
-        scope_total, res.df_cache, pool=res.lender,
+        scope_total, res.df_cache, pool=res.lender, sizes=res.scope_sizes,
     )
     hits = outcome.hits
     if args.contextText and res.settings.spreading_activation:

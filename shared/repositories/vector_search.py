@@ -135,21 +135,30 @@ def countable(principal: Principal, flt: FragmentFilter) -> bool:
 
 
 def scope_rows_statement(principal: Principal, flt: FragmentFilter, limit: int) -> tuple[str, list[object]]:
-    """The scope's size as nearest() decides by it, counted up to just past the exact cap."""
+    """The scope's size as nearest() decides by it, counted up to just past the exact cap,
+    and that cap."""
     params = SqlParams()
     counts = " + ".join(_scope_counts(principal, flt, params))
     cap = _exact_cap(limit, _walked_rows(flt, params))
-    return f"WITH t AS MATERIALIZED (SELECT {cap} AS cap) SELECT {counts}", params.values
+    return f"WITH t AS MATERIALIZED (SELECT {cap} AS cap) SELECT {counts} AS rows, (SELECT cap FROM t) AS cap", params.values
 
 
-async def scope_rows(conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, limit: int) -> int | None:
-    """scope_rows_statement's count (None for a scope with nothing to count), for nearest()'s
-    `scope_rows`: recall counts while the model embeds the query, when the connection is idle
-    (at 1M a scope near the cap is a 31k-row index-only count, 3-7 ms)."""
+async def scope_size(conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, limit: int) -> tuple[int, int] | None:
+    """scope_rows_statement's count and cap (None for a scope with nothing to count): the
+    scope is ranked exactly when the count is within the cap."""
     if not countable(principal, flt):
         return None
     sql, values = scope_rows_statement(principal, flt, limit)
-    return int(await conn.fetchval(sql, *values))
+    row = await conn.fetchrow(sql, *values)
+    return int(row["rows"]), int(row["cap"])
+
+
+async def scope_rows(conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, limit: int) -> int | None:
+    """scope_size's count, for nearest()'s `scope_rows`: recall counts while the model embeds
+    the query, when the connection is idle (at 1M a scope near the cap is a 31k-row index-only
+    count, 3-7 ms)."""
+    counted = await scope_size(conn, principal, flt, limit)
+    return None if counted is None else counted[0]
 
 
 def nearest_statement(

@@ -5,6 +5,7 @@ executed); both return only what the caller may read."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
@@ -17,14 +18,21 @@ import numpy as np
 import pytest
 from pgvector.asyncpg import register_vector
 
+from services.common.internal import ToolContext
+from services.recall import search
+from services.recall.effects import SideEffects
+from services.recall.search import ScopeSizes
+from services.recall.service import ReadResources, recall
 from shared.db import SEARCH_PATH, create_pool
 from shared.domain.fragment import NewFragment
 from shared.domain.principal import Principal
 from shared.domain.search import FragmentFilter
-from shared.embeddings import load_embedder
+from shared.domain.tokens import TokenCounter
+from shared.embeddings import load_embedder, tokenizer_file
 from shared.repositories import fragments as fragments_repo
 from shared.repositories import retrieval, type_graphs, vector_search
-from tests.support import Stack, create_api_key, facts_beside_another_tenant, unique
+from shared.settings import RecallSettings
+from tests.support import Stack, call, create_api_key, facts_beside_another_tenant, mcp_session, unique
 
 # How far the exact ranking's similarities (computed from the half-precision copies) may lie
 # from the float ones: at 1M the largest gap over 200 queries' top 60 was 5.7e-5.
@@ -249,6 +257,98 @@ async def test_a_count_taken_beforehand_decides_the_plan_in_place_of_the_stateme
     assert await _executed(tenants.conn, tenants.principal, flt, query, 4, counted + 1) == {"hnsw"}
     # The master key without a workspace has no scope to count: always the graph.
     assert await vector_search.scope_rows(tenants.conn, Principal.master(), FragmentFilter(types=("fact",)), 4) is None
+
+
+class _Counting:
+    """vector_search.scope_size, with the importance floor of each count it takes recorded."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.floors: list[float | None] = []
+        self.real = vector_search.scope_size
+        monkeypatch.setattr(vector_search, "scope_size", self)
+
+    async def __call__(self, conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, limit: int) -> tuple[int, int] | None:
+        self.floors.append(flt.min_importance)
+        return await self.real(conn, principal, flt, limit)
+
+
+async def test_a_scope_count_decides_the_plan_at_the_floors_it_bounds(
+    stack: Stack, tenants: Tenants, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ScopeSizes keeps what counts of a scope decided: a floor at or above one counted within
+    the cap is within it, a floor at or below one counted past it is past it, and only a floor
+    in between (or another tenant's scope) is counted again. Every answer picks the plan a fresh
+    count would."""
+    query, _, _ = await _scene(tenants, seed=10)
+    await _broad(tenants.conn, monkeypatch, floor=10)  # the cap: 10 rows
+    counting = _Counting(monkeypatch)
+    sizes = ScopeSizes()
+    pool = await create_pool(stack.database_url, min_size=1, max_size=1)
+
+    async def rows(floor: float, principal: Principal = tenants.principal) -> int | None:
+        flt = FragmentFilter(workspace=tenants.ws, types=("fact",), min_importance=floor)
+        got = await sizes.rows(pool, principal, flt, 4)
+        counted = await counting.real(tenants.conn, principal, flt, 4)  # a fresh count, past the spy
+        assert got is not None and counted is not None
+        fresh = counted[0]
+        plan = await _executed(tenants.conn, principal, flt, query, 4, got)
+        assert plan == await _executed(tenants.conn, principal, flt, query, 4, fresh)
+        return got
+
+    try:
+        # The workspace's facts at 0.30-0.85 (step 0.05) and 3 global ones at 0.8.
+        assert await rows(0.6) == 6 + 3  # within the cap: counted
+        assert await rows(0.7) == 9  # above a floor within the cap: that count answers
+        # Below it, unknown: counted, past the cap (each branch's count stops at the cap + 1).
+        assert await rows(0.0) == 11 + 3
+        assert await rows(0.1) == 14  # between the two: counted
+        assert await rows(0.05) == 14  # below a floor past the cap: that count answers
+        assert await rows(0.6, Principal(key_id=tenants.theirs, visible_key_ids=(tenants.theirs,))) == 2  # another tenant: its own count
+        assert counting.floors == [0.6, 0.0, 0.1, 0.6]
+        # A scope with nothing to count is not counted at all.
+        assert await sizes.rows(pool, Principal.master(), FragmentFilter(types=("fact",)), 4) is None
+        assert len(counting.floors) == 4
+    finally:
+        await pool.close()
+
+
+async def test_what_a_scope_count_decided_expires(stack: Stack, tenants: Tenants, monkeypatch: pytest.MonkeyPatch) -> None:
+    await _scene(tenants, seed=11)
+    monkeypatch.setattr(search, "SCOPE_SIZE_TTL_S", 0.05)
+    counting = _Counting(monkeypatch)
+    sizes = ScopeSizes()
+    flt = FragmentFilter(workspace=tenants.ws, types=("fact",), min_importance=0.5)
+    pool = await create_pool(stack.database_url, min_size=1, max_size=1)
+    try:
+        assert await sizes.rows(pool, tenants.principal, flt, 4) == await sizes.rows(pool, tenants.principal, flt, 4) == 8 + 3
+        assert len(counting.floors) == 1
+        await asyncio.sleep(0.2)  # past the TTL, not a timing: the entry is gone after it whatever the machine
+        assert await sizes.rows(pool, tenants.principal, flt, 4) == 11
+        assert len(counting.floors) == 2
+    finally:
+        await pool.close()
+
+
+async def test_recall_keeps_its_scope_counts_across_searches(stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recall service hands its ScopeSizes to every search: a second filtered recall of the
+    scope at a higher floor is planned without counting it again."""
+    key, key_id = await create_api_key(stack.database_url)
+    ws = unique()
+    async with mcp_session(stack.mcp_url, key) as s:
+        await call(s, "remember", {"content": "The billing service deploys from the release branch.", "topic": "deploys",
+                                   "type": "fact", "workspace": ws, "importance": 0.7})
+    counting = _Counting(monkeypatch)
+    pool = await create_pool(stack.database_url, min_size=2, max_size=2, server_settings=vector_search.graph_settings(40))
+    try:
+        res = ReadResources(pool=pool, embedder=load_embedder(latency=True), tokens=TokenCounter(tokenizer_file()),
+                            settings=RecallSettings(), effects=SideEffects(pool, None, replica="test"))
+        ctx = ToolContext(principal=Principal(key_id=key_id, visible_key_ids=(key_id,)))
+        for text, floor in (("which branch does billing deploy from", 0.2), ("billing release branch", 0.5)):
+            reply, _ = await recall(res, ctx, {"text": text, "workspace": ws, "type": "fact", "minImportance": floor})
+            assert "release branch" in reply["fragments"][0]["content"]
+    finally:
+        await pool.close()
+    assert counting.floors == [0.2]
 
 
 async def test_the_exact_share_grows_with_the_table(tenants: Tenants, monkeypatch: pytest.MonkeyPatch) -> None:
