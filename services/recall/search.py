@@ -274,6 +274,7 @@ class ScopeSizes:
         if counted is None:
             return None
         rows, cap = counted
+        bounds = self._bounds.get(key)  # another search of the scope may have learned it meanwhile
         if bounds is None:
             bounds = self._bounds[key] = _PlanBounds()
         bounds.learn(floor, rows, cap)
