@@ -1,7 +1,9 @@
 """The relay of the job outbox: sends the jobs writes recorded (shared/jobs.py) to Celery.
 
-Each ingest process runs one OutboxRelay task. A write wakes it right after its commit, so a
-job normally starts a few milliseconds after the reply; an idle look every
+Each ingest process runs one OutboxRelay task. A write wakes it at its commit; it waits
+ENGRAM_OUTBOX_LINGER (0.25 s), so the jobs of the writes in that time go in one claim and
+the link jobs among them as one job (shared.jobs.merge_jobs), then sends. A job starts within
+about that time of its write's reply; an idle look every
 ENGRAM_OUTBOX_POLL_INTERVAL takes rows another replica left behind. Rows are claimed FOR
 UPDATE SKIP LOCKED, so any number of ingest replicas, and beat's maintenance.outbox_relay
 (for rows whose ingest died before relaying them), drain one table without sending a row
@@ -24,6 +26,7 @@ import anyio
 import asyncpg
 from prometheus_client import Gauge
 
+from shared.jobs import merge_jobs
 from shared.repositories import outbox as outbox_repo
 from shared.repositories.outbox import OutboxJob
 
@@ -52,22 +55,23 @@ async def drain_once(
     pool: asyncpg.Pool, broker: str, send: Sender, *, limit: int = BATCH, inline: Inline | None = None,
     try_broker: bool = True,
 ) -> Drained:
-    """Claim up to `limit` of this broker's rows (a broker_key), send them (in a thread:
-    kombu is blocking), run inline what the broker refused and has an inline path, delete
-    what is done. try_broker=False: only the rows with an inline path, without trying the
-    broker (it is known to be down)."""
+    """Claim up to `limit` of this broker's rows (a broker_key), send them (merged where
+    merge_jobs joins them; in a thread: kombu is blocking), run inline what the broker
+    refused and has an inline path, delete what is done. try_broker=False: only the rows
+    with an inline path, without trying the broker (it is known to be down)."""
     inline = inline or {}
     async with pool.acquire() as conn, conn.transaction():
-        jobs = await outbox_repo.claim(conn, broker, limit, None if try_broker else list(inline))
-        if not jobs:
+        rows = await outbox_repo.claim(conn, broker, limit, None if try_broker else list(inline))
+        if not rows:
             return Drained(0, False)
-        sent = await anyio.to_thread.run_sync(send, jobs) if try_broker else 0
-        done = [job.id for job in jobs[:sent]]
-        for job in jobs[sent:]:
+        jobs = merge_jobs(rows)
+        sent = await anyio.to_thread.run_sync(send, [job for job, _ in jobs]) if try_broker else 0
+        done = [row for _, covered in jobs[:sent] for row in covered]
+        for job, covered in jobs[sent:]:
             run = inline.get(job.task)
             if run is not None:
                 await run(conn, job.kwargs)
-                done.append(job.id)
+                done.extend(covered)
         await outbox_repo.delete(conn, done)
     return Drained(len(done), try_broker and sent < len(jobs))
 
@@ -87,7 +91,7 @@ async def drain(pool: asyncpg.Pool, broker: str, send: Sender, max_batches: int 
 class OutboxRelay:
     def __init__(
         self, pool: asyncpg.Pool, broker: str, send: Sender, *, poll: float, backoff_max: float,
-        inline: Inline | None = None,
+        inline: Inline | None = None, linger: float = 0.0,
     ) -> None:
         self._pool = pool
         self.broker = broker  # the broker_key of the rows this relay sends
@@ -95,6 +99,7 @@ class OutboxRelay:
         self._inline = inline or {}
         self._poll = poll
         self._backoff_max = backoff_max
+        self._linger = linger
         self._wake = asyncio.Event()
         self._retry_at = 0.0
         self.failures = 0  # consecutive tries the broker refused
@@ -137,6 +142,9 @@ class OutboxRelay:
             except TimeoutError:
                 if not self.failures:
                     await self._measure_depth()
+            else:
+                # Woken by a commit: the writes of the next moments go in the same claim.
+                await asyncio.sleep(self._linger)
 
     async def _measure_depth(self) -> None:
         try:

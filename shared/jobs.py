@@ -5,8 +5,9 @@ must send nothing. With Redis, ingest records each job as a row of the job outbo
 the write's own transaction (JobBuffer.record): the job exists exactly when the write
 committed, survives a crash right after the commit, and costs the request one INSERT, never
 a broker round trip. shared/job_relay.py sends the rows to Celery from a background task,
-woken right after the commit, so a job still starts within milliseconds; while the broker is
-down the rows wait and the relay backs off. A best-effort send from the request after the
+woken by the commit, so a job still starts within ENGRAM_OUTBOX_LINGER (the rows of the
+writes meanwhile go with it, merged: merge_jobs); while the broker is down the rows wait and
+the relay backs off. A best-effort send from the request after the
 commit (behind a breaker) was the other option; it saves no latency the relay's wake-up
 does not already save, and it would put the broker back in the request whenever the breaker
 is closed but Redis has just died. Without Redis (REDIS_ENABLED=false) the jobs stay in the
@@ -18,8 +19,9 @@ Jobs are addressed by dotted task name, so the sender never imports the worker's
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import asyncpg
@@ -66,6 +68,35 @@ def split_job(task: str, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
     if not isinstance(items, list) or len(items) <= size:
         return [kwargs]
     return [{**kwargs, argument: items[i : i + size]} for i in range(0, len(items), size)]
+
+
+def merge_jobs(jobs: list[OutboxJob]) -> list[tuple[OutboxJob, list[int]]]:
+    """split_job's inverse for the relay: rows of a TASK_PIECES task with the same queue and
+    the same other arguments sent as one job of their lists joined, up to the piece size, at
+    the first row's place (with its trace headers); each job with the outbox rows it covers.
+    A link job is ~4 ms of the worker's CPU whatever its size (Celery's own work per task)
+    and its statement ~1 ms for one fragment, so the links of a run of single writes go out
+    as one job."""
+    merged: list[tuple[OutboxJob, list[int]]] = []
+    open_jobs: dict[tuple[str, str, str], int] = {}  # (task, queue, other arguments) -> index in merged
+    for job in jobs:
+        argument, size = TASK_PIECES.get(job.task, ("", 0))
+        items = job.kwargs.get(argument)
+        if not isinstance(items, list):
+            merged.append((job, [job.id]))
+            continue
+        rest = json.dumps({k: v for k, v in job.kwargs.items() if k != argument}, sort_keys=True, default=str)
+        key = (job.task, job.queue, rest)
+        at = open_jobs.get(key)
+        if at is not None:
+            first, rows = merged[at]
+            joined = first.kwargs[argument] + items
+            if len(joined) <= size:
+                merged[at] = (replace(first, kwargs={**first.kwargs, argument: joined}), [*rows, job.id])
+                continue
+        open_jobs[key] = len(merged)
+        merged.append((job, [job.id]))
+    return merged
 
 
 # Connect and read timeout of one send. Measured against a listener that accepts and never

@@ -310,6 +310,9 @@ class IngestSettings(CommonSettings):
     # replicas, and the longest wait between two tries while the broker is down.
     outbox_poll_interval: timedelta = Field(timedelta(seconds=2), alias="ENGRAM_OUTBOX_POLL_INTERVAL")
     outbox_backoff_max: timedelta = Field(timedelta(seconds=30), alias="ENGRAM_OUTBOX_BACKOFF_MAX")
+    # How long a relay woken by a commit waits before its claim, so the jobs of the writes
+    # meanwhile are sent together (a run of single remembers: one link job, not one each).
+    outbox_linger: timedelta = Field(timedelta(milliseconds=250), alias="ENGRAM_OUTBOX_LINGER")
     # reference 001 GET /memory/consolidation/status: how often the LLM consolidation pass is
     # due (`intervalHours`, `due`); a bare number is hours.
     memory_consolidation_interval: timedelta = Field(timedelta(hours=24), alias="MEMORY_CONSOLIDATION_INTERVAL_HOURS")
@@ -321,7 +324,7 @@ class IngestSettings(CommonSettings):
             return timedelta(hours=float(value))
         return value
 
-    @field_validator("feedback_cooldown", "outbox_poll_interval", "outbox_backoff_max", mode="before")
+    @field_validator("feedback_cooldown", "outbox_poll_interval", "outbox_backoff_max", "outbox_linger", mode="before")
     @classmethod
     def _seconds(cls, value: object) -> object:
         return seconds_or_duration(value)

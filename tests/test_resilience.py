@@ -57,9 +57,14 @@ async def test_redis_unreachable_still_serves(stack: Stack, stack_dir: Path) -> 
             second = await call(s, "remember", {"content": "Grafana alerting pages whoever is on call through PagerDuty.", "topic": "alerts", "type": "fact", "workspace": ws})
             found = await call(s, "recall", {"text": "who gets notified when an alert fires", "workspace": ws})
         assert {first["id"], second["id"]} <= {f["id"] for f in found["fragments"]}
-        # With no broker the post-commit job ran inline: nothing waits for a worker that isn't there.
+        # With no broker the post-commit job runs inline, in ingest's relay (after its linger):
+        # nothing waits for a worker that isn't there.
         conn = await asyncpg.connect(stack.database_url, server_settings={"search_path": SEARCH_PATH})
         try:
+            for _ in range(200):
+                if not await conn.fetchval("SELECT count(*) FROM fragment_link_pending WHERE fragment_id = $1", second["id"]):
+                    break
+                await asyncio.sleep(0.05)
             assert not await conn.fetchval("SELECT count(*) FROM fragment_link_pending WHERE fragment_id = $1", second["id"])
             assert await conn.fetchval(
                 "SELECT count(*) FROM fragment_links WHERE from_id = $1 AND to_id = $2 AND relation_type = 'related'",

@@ -48,7 +48,7 @@ def create_app(settings: IngestSettings | None = None) -> FastAPI:
             relay = OutboxRelay(
                 pool, broker_key(broker_url), functools.partial(send_outbox_jobs, celery),
                 poll=settings.outbox_poll_interval.total_seconds(), backoff_max=settings.outbox_backoff_max.total_seconds(),
-                inline=INLINE_JOBS,
+                inline=INLINE_JOBS, linger=settings.outbox_linger.total_seconds(),
             )
         app.state.settings = settings
         app.state.resources = WriteResources(pool=pool, embedder=embedder, settings=settings, redis=redis, relay=relay)
