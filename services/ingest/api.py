@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -38,39 +39,55 @@ def _wrote(result: ToolResult, arguments: dict[str, Any]) -> bool:
     return not result[1] and not arguments.get("dryRun") and not result[0].get("async")
 
 
+async def _committed(res: WriteResources, ctx: ToolContext, result: ToolResult, stale: bool) -> None:
+    """After a write call: where the primary's WAL stands, stored under the calling key for
+    read-your-writes on recall's read replicas (shared/read_routing.py; a refused call wrote
+    nothing, so no round trip for it), and, if it wrote, the recall cache it may have made
+    stale invalidated. Both before the reply, at once: a Postgres and a Redis round trip, and
+    neither needs the other (each logs its own failure and goes on)."""
+    steps = []
+    if not result[1]:
+        steps.append(record_write_position(res.pool, res.redis, ctx.principal))
+    if stale:
+        steps.append(invalidate_recall_cache(res, ctx.principal))
+    await asyncio.gather(*steps)
+
+
 def _with_jobs(tool: WriteTool) -> Handler:
     """Run a write tool with a job buffer that is flushed only after it has committed, then
-    invalidate the recall cache it may have made stale."""
+    _committed's bookkeeping."""
 
     async def handler(request: Request, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
         res = request.app.state.resources
         jobs = res.job_buffer()
         result = await tool(res, jobs, ctx, arguments)
         await after_commit(res, jobs)
-        if _wrote(result, arguments):
-            await invalidate_recall_cache(res, ctx.principal)
+        await _committed(res, ctx, result, _wrote(result, arguments))
         return result
 
     return handler
 
 
 def _plain(tool: PlainTool, writes: bool = False) -> Handler:
+    """A tool without jobs; a writing one gets _committed's bookkeeping."""
+
     async def handler(request: Request, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
         res = request.app.state.resources
         result = await tool(res, ctx, arguments)
-        if writes and _wrote(result, arguments):
-            await invalidate_recall_cache(res, ctx.principal)
+        if writes:
+            await _committed(res, ctx, result, _wrote(result, arguments))
         return result
 
     return handler
 
 
-tool_handlers = {
+# Built here: each records its own write position (_committed).
+_OWN_HANDLERS = {
     "remember": _with_jobs(remember_tool.remember),
     # The remember profile's write (reference 003; services/gateway/remember_profile/).
     "profile_remember": _with_jobs(remember_profile_tool.remember),
     "batch_remember": _with_jobs(batch_tool.batch_remember),
-    "batch_status": _plain(batch_tool.batch_status),
+    "batch_status": _plain(batch_tool.batch_status),  # a read: nothing for a replica to catch up on
     "forget": _plain(forget_tool.forget, writes=True),
     "amend": _with_jobs(amend_tool.amend),
     "link": _with_jobs(link_tool.link),
@@ -78,21 +95,12 @@ tool_handlers = {
     # Served for the gateway's admin import route only (master key; never an MCP tool).
     "admin_import": _with_jobs(transfer_tool.import_fragments),
 }
-tool_handlers = joined(
-    tool_handlers,
-    ADMIN_TOOL_HANDLERS,
-    # Served for the gateway's /api/memories/{id}/artifacts routes (reference 004).
-    ARTIFACT_TOOL_HANDLERS,
-    # The mnemory REST surface's writes (reference 004; services/gateway/mnemory_api/).
-    MNEMORY_TOOL_HANDLERS,
-    # The memory REST API of reference 001 (services/gateway/memory_api/).
-    MEMORY_TOOL_HANDLERS,
-)
 
 
 def _recording_write_position(handler: Handler) -> Handler:
-    """Read-your-writes on recall's read replicas (shared/read_routing.py): after the call
-    committed, where the primary's WAL stands is stored under the calling key."""
+    """Read-your-writes on recall's read replicas (shared/read_routing.py) for the other
+    modules' writes: after the call committed, where the primary's WAL stands is stored under
+    the calling key."""
 
     async def recorded(request: Request, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
         result = await handler(request, ctx, arguments)
@@ -104,8 +112,13 @@ def _recording_write_position(handler: Handler) -> Handler:
     return recorded
 
 
-# Reads served by ingest: nothing for a replica to catch up on.
-_READS = {"batch_status"}
-tool_handlers = {
-    name: handler if name in _READS else _recording_write_position(handler) for name, handler in tool_handlers.items()
-}
+_OTHER_WRITES = joined(
+    ADMIN_TOOL_HANDLERS,
+    # Served for the gateway's /api/memories/{id}/artifacts routes (reference 004).
+    ARTIFACT_TOOL_HANDLERS,
+    # The mnemory REST surface's writes (reference 004; services/gateway/mnemory_api/).
+    MNEMORY_TOOL_HANDLERS,
+    # The memory REST API of reference 001 (services/gateway/memory_api/).
+    MEMORY_TOOL_HANDLERS,
+)
+tool_handlers = joined(_OWN_HANDLERS, {name: _recording_write_position(h) for name, h in _OTHER_WRITES.items()})
