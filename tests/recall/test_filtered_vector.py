@@ -419,18 +419,24 @@ async def test_exact_and_graph_plans_agree_and_stay_in_scope(
 async def test_a_broad_scope_of_one_type_walks_that_type_s_graph(tenants: Tenants, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the exact cap, a scope that names one type walks the graph of that type's rows only
     (migration 0028: a few times fewer tuples visited before k pass); a scope of two types walks
-    the whole table's graph. Both keep every filter and fill k."""
+    the whole table's graph. All keep every filter and fill k.
+
+    The planner picks the type's graph by its cost, which is lower the smaller the type's share
+    of the table. The suite's shared store is mostly facts: with 5,000 facts and 4 decisions the
+    fact graph's walk was costed 18,542 against the whole graph's 18,560, a tie that a fresh
+    ANALYZE's sample can turn (it did in one clean-clone run). So the fact scope is held to a
+    graph walk, either one; the decision scope, a small share of any store here, to its own."""
     query, rows, foreign = await _scene(tenants, seed=9)
     await _with_type_graphs(tenants.conn)
     await _broad(tenants.conn, monkeypatch)
-    for types, graph in ((("fact",), "fragments_embedding_hnsw_fact"),
-                         (("decision",), "fragments_embedding_hnsw_decision"),
-                         (("fact", "decision"), "fragments_embedding_hnsw")):
+    for types, graph in ((("fact",), {"fragments_embedding_hnsw_fact", "fragments_embedding_hnsw"}),
+                         (("decision",), {"fragments_embedding_hnsw_decision"}),
+                         (("fact", "decision"), {"fragments_embedding_hnsw"})):
         flt = FragmentFilter(workspace=tenants.ws, types=types, min_importance=0.4)
         ran, graphs = await _ran(tenants.conn, tenants.principal, flt, query, 4)
         got = await vector_search.nearest(tenants.conn, tenants.principal, flt, query, 4)
 
-        assert (ran, graphs) == (set(), {graph}), types
+        assert ran == set() and len(graphs) == 1 and graphs <= graph, (types, graphs)
         assert len(got) == 4
         assert {i for i, _ in got} <= {i for i, (t, imp, _) in rows.items() if t in types and imp >= 0.4}
         assert not set(foreign) & {i for i, _ in got}
