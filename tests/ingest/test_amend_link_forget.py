@@ -92,7 +92,14 @@ async def test_amend_supersedes_without_changing_the_content(stack, mcp_url: str
 async def test_link_types_weight_cycles_and_dry_run(stack, mcp_url: str, master_key: str) -> None:
     async with mcp_session(mcp_url, master_key) as s:
         ws = unique()
-        a, b, c = [await _remember(s, content=f"Incident step {n}: the queue consumer stalled again.", workspace=ws) for n in "abc"]
+        # Unlike contents: near-twins get auto-linked ('related', a -> b among them) by a link
+        # job that may land before the first link call, which would then find it made.
+        contents = (
+            "The queue consumer stalled after the broker restart.",
+            "Grafana dashboards moved to the shared folder in May.",
+            "The billing team prefers invoices in euros.",
+        )
+        a, b, c = [await _remember(s, content=text, workspace=ws) for text in contents]
         default = await call(s, "link", {"fromId": a, "toId": b})
         assert default == {"success": True, "fromId": a, "toId": b, "relationType": "related", "weight": 1.0, "created": True}
         for relation in ("caused_by", "resolved_by", "part_of", "contradicts"):
