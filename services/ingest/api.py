@@ -99,14 +99,12 @@ _OWN_HANDLERS = {
 
 def _recording_write_position(handler: Handler) -> Handler:
     """Read-your-writes on recall's read replicas (shared/read_routing.py) for the other
-    modules' writes: after the call committed, where the primary's WAL stands is stored under
-    the calling key."""
+    modules' writes: _committed's write position after the call (those modules invalidate
+    the recall cache themselves, in their own handlers)."""
 
     async def recorded(request: Request, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
         result = await handler(request, ctx, arguments)
-        if not result[1]:  # a refused call wrote nothing: no database and Redis round trip for it
-            res = request.app.state.resources
-            await record_write_position(res.pool, res.redis, ctx.principal)
+        await _committed(request.app.state.resources, ctx, result, stale=False)
         return result
 
     return recorded
