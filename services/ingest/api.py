@@ -99,8 +99,9 @@ _OWN_HANDLERS = {
 
 def _recording_write_position(handler: Handler) -> Handler:
     """Read-your-writes on recall's read replicas (shared/read_routing.py) for the other
-    modules' writes: _committed's write position after the call (those modules invalidate
-    the recall cache themselves, in their own handlers)."""
+    modules' writes: _committed's write position after the call. The recall cache is theirs
+    to invalidate where a write changes what recall returns: the memory REST APIs do in their
+    own handlers, memory_consolidate's cycle does in the worker when it has run."""
 
     async def recorded(request: Request, ctx: ToolContext, arguments: dict[str, Any]) -> ToolResult:
         result = await handler(request, ctx, arguments)
