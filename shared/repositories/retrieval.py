@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 
 import asyncpg
@@ -313,13 +314,13 @@ async def pool_rows(
                extract(epoch FROM now() - f.created_at) / 86400.0 AS age_days,
                CASE WHEN f.embedding IS NULL THEN NULL ELSE {cosine} END AS cosine,
                CASE WHEN f.embedding IS NULL THEN NULL ELSE {passage_cosine} END AS passage_cosine,
-               left(f.content, {max(LEAD_MAX + 1, QUESTION_TEXT_MAX)}) AS head, c.lexemes, c.tfs
-        FROM fragments f {_counts_of(params.add(terms))} WHERE f.id = ANY({id_list}::text[]) AND {scope}
+               left(f.content, {max(LEAD_MAX + 1, QUESTION_TEXT_MAX)}) AS head, {_counts_of(params.add(terms))} AS counted
+        FROM fragments f WHERE f.id = ANY({id_list}::text[]) AND {scope}
     """
     out = {}
     for r in await conn.fetch(sql, *params.values):
         out[r["id"]] = PooledFragment(
-            r["id"], _tf_of(r), int(r["dl"]), None if r["cosine"] is None else float(r["cosine"]),
+            r["id"], _lexeme_counts(r["counted"]), int(r["dl"]), None if r["cosine"] is None else float(r["cosine"]),
             float(r["importance"]), float(r["ema_activation"]), float(r["age_days"]),
             None if r["passage_cosine"] is None else float(r["passage_cosine"]), label_of(r["head"]),
             asks=question_share(r["head"]),
@@ -330,28 +331,31 @@ async def pool_rows(
     return out
 
 
-def _counts(encoded: str) -> dict[str, int]:
-    return {term: int(n) for term, n in json.loads(encoded).items()}
+# One lexeme of a tsvector written as text: quoted, a quote or backslash in it doubled, then its
+# positions (each with its weight letter, D left out) after a colon, if it has any.
+_TSV_LEXEME = re.compile(r"'((?:[^']|'')*)'(?::(\S+))?")
+_TSV_ESCAPE = re.compile(r"''|\\\\")
+
+
+def _lexeme_counts(written: str) -> dict[str, int]:
+    """Each lexeme of a tsvector's text form with its count, as the postings count it (the
+    fragment_terms triggers of migration 0006): its positions, at least one."""
+    return {
+        _TSV_ESCAPE.sub(lambda e: e.group(0)[0], m.group(1)): m.group(2).count(",") + 1 if m.group(2) else 1
+        for m in _TSV_LEXEME.finditer(written)
+    }
 
 
 def _counts_of(terms: str) -> str:
-    """A lateral join giving each fragment `f` its counts of the `terms` (a text[] parameter)
-    as lexemes and tfs, the postings' tf taken from its own search_tsv: the lexeme's positions,
-    at least one, as the fragment_terms triggers (migration 0006) write them from the same
-    search_tsv in the same transaction. Read with the row, instead of one probe of the
-    postings index per fragment (8 GB at 1M fragments, where those probes were 2-10 ms of a query).
-    A fragment with none of the terms (most of a pool: the vector layer's hits) is not unnested:
-    the overlap test, on the outer row only, runs once per fragment as the subquery's gate. On
-    the 100k growth store, 300 pooled ids of which 34-45 held a term: 10.2 -> 7.1 ms a read."""
-    return f"""CROSS JOIN LATERAL (
-            SELECT array_agg(u.lexeme) AS lexemes, array_agg(greatest(coalesce(cardinality(u.positions), 1), 1)) AS tfs
-            FROM unnest(f.search_tsv) u
-            WHERE tsvector_to_array(f.search_tsv) && {terms}::text[] AND u.lexeme = ANY({terms}::text[])
-        ) c"""
-
-
-def _tf_of(row: asyncpg.Record) -> dict[str, int]:
-    return dict(zip(row["lexemes"], row["tfs"], strict=True)) if row["lexemes"] else {}
+    """SQL for the fragment `f`'s search_tsv cut to the `terms` (a text[] parameter), as text
+    for _lexeme_counts: the vector without every lexeme that is not a term (ts_delete twice,
+    C functions over the row's own vector). Read with the row, instead of one probe of the
+    postings index per fragment (8 GB at 1M fragments, where those probes were 2-10 ms of a
+    query). This replaced a lateral subquery that unnested the vector of every fragment holding
+    a term: on the 100k growth store, pool_rows over 250 pooled ids took 4.5-4.9 ms against
+    5.9-6.6 ms with it, the subquery's executor set up again for every row (bench/README.md,
+    session 36)."""
+    return f"ts_delete(f.search_tsv, tsvector_to_array(ts_delete(f.search_tsv, {terms}::text[])))::text"
 
 
 async def term_counts(conn: asyncpg.Connection, ids: list[str], terms: list[str]) -> dict[str, dict[str, int]]:
@@ -359,8 +363,8 @@ async def term_counts(conn: asyncpg.Connection, ids: list[str], terms: list[str]
     pool_rows reads them (_counts_of); fragments with none of the terms are left out."""
     if not ids or not terms:
         return {}
-    rows = await conn.fetch(f"SELECT f.id, c.lexemes, c.tfs FROM fragments f {_counts_of('$2')} WHERE f.id = ANY($1::text[])", ids, terms)
-    return {r["id"]: _tf_of(r) for r in rows if r["lexemes"]}
+    rows = await conn.fetch(f"SELECT f.id, {_counts_of('$2')} AS counted FROM fragments f WHERE f.id = ANY($1::text[])", ids, terms)
+    return {r["id"]: counts for r in rows if (counts := _lexeme_counts(r["counted"]))}
 
 
 async def content_terms(conn: asyncpg.Connection, ids: list[str]) -> dict[str, dict[str, int]]:
@@ -368,18 +372,9 @@ async def content_terms(conn: asyncpg.Connection, ids: list[str]) -> dict[str, d
     keywords) with their counts, for pseudo-relevance feedback over already-ranked hits."""
     if not ids:
         return {}
-    rows = await conn.fetch(
-        """
-        SELECT f.id, (
-            SELECT coalesce(jsonb_object_agg(u.lexeme, b.n), '{}') FROM unnest(f.search_tsv) u,
-                   LATERAL (SELECT count(*) AS n FROM unnest(u.weights) w WHERE w = 'B') b
-            WHERE b.n > 0
-        )::text AS tf
-        FROM fragments f WHERE f.id = ANY($1::text[])
-        """,
-        ids,
-    )
-    return {r["id"]: _counts(r["tf"]) for r in rows}
+    # ts_filter keeps the weight-B positions, and the lexemes that have one.
+    rows = await conn.fetch("SELECT f.id, ts_filter(f.search_tsv, '{b}')::text AS tf FROM fragments f WHERE f.id = ANY($1::text[])", ids)
+    return {r["id"]: _lexeme_counts(r["tf"]) for r in rows}
 
 
 _STOP_LEXEMES: frozenset[str] | None = None

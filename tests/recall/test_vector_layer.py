@@ -289,3 +289,41 @@ async def test_term_counts_are_the_postings_tf(stack: Stack, conn: asyncpg.Conne
     want = await postings()
     assert want[fid]["restor"] > 1
     assert await retrieval.term_counts(conn, [fid], sorted(want[fid])) == {fid: want[fid]}
+
+
+async def test_counts_read_from_the_vector_text_keep_odd_lexemes(stack: Stack, conn: asyncpg.Connection) -> None:
+    """term_counts, pool_rows and content_terms read a fragment's lexemes from its search_tsv
+    written as text (quoted, quotes and backslashes doubled, positions after a colon): lexemes
+    with quotes, backslashes, colons, Hangul and URL parts come back as the postings hold them,
+    counts included, and content_terms' weight-B counts as unnesting the vector counts them."""
+    from tests.support import call, create_api_key, mcp_session
+
+    key, key_id = await create_api_key(stack.database_url)
+    ws = unique()
+    content = (r"O'Neil's rock'n'roll backup at C:\tmp\x and \\srv\share; see https://ex.com/a?b='c'&d=\e "
+               "for ops@ex.org: 서버가 재시작되면 캐시를 비운다, backup backup, v1.2.3-beta_4 it''s a\\'b")
+    async with mcp_session(stack.mcp_url, key) as s:
+        fid = (await call(s, "remember", {"content": content, "topic": "ops 'runbook'", "type": "procedure",
+                                          "keywords": ["back\\slash", "it's", "x:1"], "workspace": ws}))["id"]
+    rows = await conn.fetch("SELECT term, tf FROM fragment_terms WHERE fragment_id = $1", fid)
+    want = {r["term"]: r["tf"] for r in rows}
+    assert any("'" in t for t in want) and want["backup"] > 1  # a lexeme with quotes, a count above one
+    every = sorted(want)
+    assert await retrieval.term_counts(conn, [fid], every) == {fid: want}
+    assert await retrieval.term_counts(conn, [fid], every[::3]) == {fid: {t: want[t] for t in every[::3]}}
+    principal = Principal(key_id=key_id, visible_key_ids=(key_id,))
+    assert (await retrieval.pool_rows(conn, principal, [fid], every, None))[fid].tf == want
+    weight_b = await conn.fetch(
+        "SELECT u.lexeme, (SELECT count(*) FROM unnest(u.weights) w WHERE w = 'B') AS n"
+        " FROM fragments f, unnest(f.search_tsv) u WHERE f.id = $1", fid)
+    assert await retrieval.content_terms(conn, [fid]) == {fid: {r["lexeme"]: r["n"] for r in weight_b if r["n"] > 0}}
+
+    # Lexemes the parsers do not make but a vector can hold (array_to_tsvector, a restore):
+    # backslashes, quotes, spaces, colons; positions with and without weights, and none.
+    odd = await conn.fetchval(
+        "SELECT setweight(array_to_tsvector(ARRAY['a''b', 'c\\d', 'sp ace', 'x:1']), 'A')"
+        " || to_tsvector('simple', 'q q q') || array_to_tsvector(ARRAY['bare'])")
+    reference = await conn.fetch("SELECT lexeme, positions FROM unnest($1::tsvector)", odd)
+    assert retrieval._lexeme_counts(await conn.fetchval("SELECT $1::tsvector::text", odd)) == {
+        r["lexeme"]: max(len(r["positions"] or ()), 1) for r in reference}
+    assert {"a'b", "c\\d", "sp ace", "x:1", "bare"} <= {r["lexeme"] for r in reference}
