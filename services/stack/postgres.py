@@ -44,6 +44,14 @@ def memory_bytes() -> int:
     return min(total, int(limit)) if limit.isdigit() else total
 
 
+def preload_libraries() -> str:
+    """shared_preload_libraries: pg_prewarm always; pg_stat_statements too when
+    ENGRAM_PG_STAT_STATEMENTS is set (1, true, yes, on), to see which statements a load spends
+    Postgres' time on (bench/pg_statements.py). Off by default: it times every statement."""
+    wanted = os.environ.get("ENGRAM_PG_STAT_STATEMENTS", "").strip().lower() in {"1", "true", "yes", "on"}
+    return "pg_prewarm,pg_stat_statements" if wanted else "pg_prewarm"
+
+
 def memory_settings() -> dict[str, str]:
     """shared_buffers and effective_cache_size for this machine (in MB)."""
     mb = memory_bytes() // 2**20
@@ -133,7 +141,7 @@ class EmbeddedPostgres(ChildProcess):
             "maintenance_work_mem": "512MB", "jit": "off", "autovacuum_naptime": "5s",
             # What was in shared buffers comes back after a restart (pg_prewarm's autoprewarm
             # worker writes the list every 300 s and at shutdown, and reads it at start).
-            "shared_preload_libraries": "pg_prewarm",
+            "shared_preload_libraries": preload_libraries(),
         }
         argv = [self._bin("postgres"), "-D", str(self.data_dir)]
         for name, value in settings.items():

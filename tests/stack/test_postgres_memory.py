@@ -66,6 +66,14 @@ def test_the_memory_settings_follow_the_machine_and_the_override(monkeypatch: py
     assert postgres.memory_settings()["shared_buffers"] == "3GB"
 
 
+def test_pg_stat_statements_is_preloaded_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ENGRAM_PG_STAT_STATEMENTS", raising=False)
+    assert postgres.preload_libraries() == "pg_prewarm"
+    for value, loaded in (("1", True), ("true", True), ("ON", True), ("0", False), ("", False), ("no", False)):
+        monkeypatch.setenv("ENGRAM_PG_STAT_STATEMENTS", value)
+        assert postgres.preload_libraries() == ("pg_prewarm,pg_stat_statements" if loaded else "pg_prewarm"), value
+
+
 def test_a_cgroup_limit_below_the_machine_s_memory_is_what_counts(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
     limit = tmp_path / "memory.max"
     real_path = postgres.Path
