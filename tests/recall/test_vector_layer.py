@@ -293,9 +293,11 @@ async def test_term_counts_are_the_postings_tf(stack: Stack, conn: asyncpg.Conne
 
 async def test_counts_read_from_the_vector_text_keep_odd_lexemes(stack: Stack, conn: asyncpg.Connection) -> None:
     """term_counts, pool_rows and content_terms read a fragment's lexemes from its search_tsv
-    written as text (quoted, quotes and backslashes doubled, positions after a colon): lexemes
-    with quotes, backslashes, colons, Hangul and URL parts come back as the postings hold them,
-    counts included, and content_terms' weight-B counts as unnesting the vector counts them."""
+    written as text (quoted, quotes and backslashes doubled, positions after a colon): a stored
+    fragment's lexemes with quotes, Hangul and URL parts come back as the postings hold them,
+    counts included, and content_terms' weight-B counts as unnesting the vector counts them; a
+    vector holding backslashes, spaces and colons, which the parsers never write, reads back as
+    unnesting it does."""
     from tests.support import call, create_api_key, mcp_session
 
     key, key_id = await create_api_key(stack.database_url)
