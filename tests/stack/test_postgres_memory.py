@@ -72,6 +72,9 @@ def test_pg_stat_statements_is_preloaded_only_when_asked(monkeypatch: pytest.Mon
     for value, loaded in (("1", True), ("true", True), ("ON", True), ("0", False), ("", False), ("no", False)):
         monkeypatch.setenv("ENGRAM_PG_STAT_STATEMENTS", value)
         assert postgres.preload_libraries() == ("pg_prewarm,pg_stat_statements" if loaded else "pg_prewarm"), value
+    monkeypatch.setenv("ENGRAM_PG_STAT_STATEMENTS", "maybe")  # not a boolean: said, not taken as off
+    with pytest.raises(ValueError):
+        postgres.preload_libraries()
 
 
 def test_a_cgroup_limit_below_the_machine_s_memory_is_what_counts(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
