@@ -19,7 +19,8 @@ vectors perturbed), then:
 
 The stack is private (free ports) and lives in `--data-dir` (a temp dir by default). With
 `--serve` it stays up after the last table until Ctrl-C, its address written to
-`--details`, so other benches can be pointed at the grown store.
+`--details` (with its Redis, the namespace and the corpus' size and seed), so other benches can be
+pointed at the grown store.
 """
 
 from __future__ import annotations
@@ -229,14 +230,15 @@ def report(steps: list[Step]) -> None:
                   f"{sum(s.pss.values()) / 2**20:.0f}"] for s in steps])
 
 
-async def grow(stack: Stack, sizes: list[int], queries: int, embed_share: float, ingest_sample: int, seed: int) -> list[Step]:
+async def grow(
+    stack: Stack, sizes: list[int], queries: int, embed_share: float, ingest_sample: int, seed: int, namespace: str,
+) -> list[Step]:
     target = Target(stack.mcp_url, stack.master_key)
     started = time.perf_counter()
     memories = generate(sizes[-1], seed=seed)
     # A disjoint corpus for the ingest samples (another seed; content_hash is per workspace anyway).
     extra = generate(ingest_sample * len(sizes), seed=seed + 1000)
     print(f"generated {len(memories)} + {len(extra)} fragments in {time.perf_counter() - started:.0f} s", flush=True)
-    namespace = run_namespace("growth")
     ids: list[str | None] = []
     steps = []
     for i, size in enumerate(sizes):
@@ -274,12 +276,20 @@ def main(argv: list[str] | None = None) -> None:
         config.extra_env["UPSTREAM_TIMEOUT"] = "PT300S"
         interrupt_on_stop_signals()
         with Stack(config) as stack:
-            asyncio.run(grow(stack, sizes, args.queries, args.embed_share, args.ingest_sample, args.seed))
+            # Printed now and kept in the details: other benches reach the grown store by it
+            # (`bench.recall_load --reuse`, `bench.recall_profile --namespace`).
+            namespace = run_namespace("growth")
+            print(f"loading into namespace {namespace}", flush=True)
+            asyncio.run(grow(stack, sizes, args.queries, args.embed_share, args.ingest_sample, args.seed, namespace))
             if args.serve:
                 Path(args.details).write_text(json.dumps(
                     {"mcp_url": stack.mcp_url, "key": stack.master_key, "database_url": stack.database_url,
+                     "redis_url": stack.redis_url, "namespace": namespace, "n": sizes[-1], "seed": args.seed,
                      "data_dir": str(data_dir)}, indent=2) + "\n")
                 print(f"serving {stack.mcp_url} (details in {args.details}); Ctrl-C stops it", flush=True)
+                print(f"warm passes: python -m bench.recall_load --url {stack.mcp_url} --key {stack.master_key}"
+                      f" --database-url {stack.database_url} --reuse {namespace} --n {sizes[-1]} --seed {args.seed}",
+                      flush=True)
                 while True:
                     time.sleep(3600)
     except KeyboardInterrupt:
