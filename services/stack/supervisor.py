@@ -27,10 +27,43 @@ logger = logging.getLogger("engram.stack")
 MODEL_CACHE = Path(__file__).resolve().parents[2] / ".data" / "models"
 
 
+# free_port() picks from below the kernel's ephemeral range. A port from that range (what
+# binding to port 0 returns) can become the local port of any outgoing connection between
+# free_port's check and the service's own bind: a clean-clone CI run lost a test stack's ingest
+# to EADDRINUSE that way. Below the range only an explicit bind can take it.
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+PORTS_FROM = 20000
+_handed_out: set[int] = set()
+
+
+def ephemeral_start() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default where it cannot be read)."""
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
+    """A port on 127.0.0.1 that nothing holds now and that this process has not handed out
+    before, from below the ephemeral range when there is room there."""
+    high = ephemeral_start() - 1
+    for _ in range(500 if high - PORTS_FROM >= 1000 else 0):
+        port = PORTS_FROM + secrets.randbelow(high - PORTS_FROM + 1)
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        port = int(sock.getsockname()[1])
+    _handed_out.add(port)
+    return port
 
 
 def load_or_create_master_key(data_dir: Path) -> str:
