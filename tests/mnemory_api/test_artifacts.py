@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import httpx
 import jwt
 import pytest
 
+from services.stack.supervisor import free_port
 from shared.artifacts import tokens
 from shared.db import SEARCH_PATH
 from shared.settings import GatewaySettings
@@ -223,16 +223,10 @@ async def test_forgetting_a_memory_removes_its_artifacts_and_their_stored_object
 # -- S3 ------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def moto_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """moto's S3 server as a process on loopback: a real S3 HTTP API, no AWS."""
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("moto") / "moto.log"
     with log.open("wb") as out:
         process = subprocess.Popen(  # noqa: S603 - our own interpreter and module, no shell
