@@ -39,9 +39,9 @@ import asyncpg
 
 from bench.corpus import Memory, filtered_queries, generate, keyword_queries, text_queries
 from bench.harness import LATENCY_HEADER, Target, latency_row, percentile, print_table, private_stack_config
-from bench.loading import load, run_namespace
+from bench.loading import load, run_namespace, stack_cpu_by_process
 from bench.recall_bench import WARMUP, time_queries
-from bench.recall_load import bulk_load
+from bench.recall_load import CPU_HEADER, bulk_load, cpu_row
 from services.stack.supervisor import Stack, interrupt_on_stop_signals
 from shared.db import SEARCH_PATH
 from shared.repositories import type_graphs
@@ -78,6 +78,7 @@ class Step:
     recall: dict[str, tuple[list[float], float]] = field(default_factory=dict)
     disk: dict[str, int] = field(default_factory=dict)
     pss: dict[str, int] = field(default_factory=dict)
+    recall_cpu: list[list[str]] = field(default_factory=list)  # recall_load.cpu_row per suite
 
 
 def _pss_bytes(pid: int) -> int:
@@ -182,7 +183,7 @@ async def top_up(database_url: str, memories: list[Memory], namespace: str, embe
 async def measure(
     stack: Stack, target: Target, memories: list[Memory], ids: list[str | None], namespace: str,
     extra: list[Memory], queries: int, seed: int,
-) -> tuple[float, float | None, float, dict[str, tuple[list[float], float]]]:
+) -> tuple[float, float | None, float, dict[str, tuple[list[float], float]], list[list[str]]]:
     loaded = await load(target, extra, run_namespace("growth-ingest"), INGEST_CLIENTS)
     if loaded.failed:
         raise SystemExit(f"{loaded.failed} fragments failed to store during the ingest sample")
@@ -194,13 +195,16 @@ async def measure(
         "keyword": keyword_queries(memories, WARMUP + queries, seed=seed + 2),
         "filtered": filtered_queries(memories, WARMUP + queries, seed=seed + 3),
     }
-    recall = {}
+    recall, cpu = {}, []
     for name, suite in suites.items():
         await time_queries(target, suite[:WARMUP], namespace, ids)
+        before, client = stack_cpu_by_process(), time.process_time()
         recall[name] = await time_queries(target, suite[WARMUP:], namespace, ids)
+        if before:
+            cpu.append(cpu_row(name, before, stack_cpu_by_process(), time.process_time() - client, len(recall[name][0])))
         row = latency_row(name, recall[name][0], f"hit@10 {recall[name][1]:.2f}")
         print(f"  recall {' '.join(row)}", flush=True)
-    return loaded.rate, cpu_ms, percentile(loaded.batch_ms, 95), recall
+    return loaded.rate, cpu_ms, percentile(loaded.batch_ms, 95), recall, cpu
 
 
 def report(steps: list[Step]) -> None:
@@ -209,6 +213,9 @@ def report(steps: list[Step]) -> None:
         for name, (samples, hit) in s.recall.items():
             rows.append(latency_row(f"{s.size:>9,} {name}", samples, f"hit@10 {hit:.2f}"))
     print_table("recall through MCP by store size (one client, pageSize 10)", LATENCY_HEADER, rows)
+    cpu_rows = [[f"{s.size:>9,} {row[0]}", *row[1:]] for s in steps for row in s.recall_cpu]
+    if cpu_rows:
+        print_table("CPU per recall by process, ms (client: this process, the MCP client library's own)", CPU_HEADER, cpu_rows)
     print_table(
         f"ingest through MCP by store size (batch_remember x200, {INGEST_CLIENTS} clients, every fragment embedded)",
         ["size", "fragments/s", "stack CPU ms / fragment", "batch p95 ms", "bulk top-up s"],
@@ -246,9 +253,10 @@ async def grow(
         ids.extend(new_ids)
         print(f"store at {size:,} (+{len(new_ids):,} in {seconds:.0f} s)", flush=True)
         sample = extra[i * ingest_sample:(i + 1) * ingest_sample]
-        rate, cpu_ms, batch_p95, recall = await measure(stack, target, memories[:size], ids, namespace, sample, queries, seed)
+        rate, cpu_ms, batch_p95, recall, recall_cpu = await measure(stack, target, memories[:size], ids, namespace, sample, queries, seed)
         print(f"  ingest {rate:.0f} fragments/s", flush=True)
-        step = Step(size, seconds, rate, cpu_ms, batch_p95, recall, await disk_usage(stack.database_url), memory_by_process(stack))
+        step = Step(size, seconds, rate, cpu_ms, batch_p95, recall, await disk_usage(stack.database_url), memory_by_process(stack),
+                    recall_cpu)
         steps.append(step)
         report(steps)
     return steps

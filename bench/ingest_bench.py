@@ -41,7 +41,7 @@ from bench.harness import (
     target_from,
     timed_call,
 )
-from bench.loading import BATCH, load, run_namespace, scoped, stack_processes
+from bench.loading import BATCH, load, run_namespace, scoped, stack_cpu_by_process
 from shared.domain import passages as passages_module
 from shared.embeddings.model import available_cores
 
@@ -190,27 +190,6 @@ async def model_on(model: Any, batches: list[list[tuple[str | None, str]]]) -> t
         await model.embed_content(items)
     wall, cpu = time.perf_counter() - began, time.process_time() - cpu
     return count / wall, count / cpu
-
-
-# What a process of the private stack is, by its command line (first match wins).
-_PROCESS_KINDS = (
-    ("services.ingest", "ingest"), ("services.gateway", "gateway"), ("services.recall", "recall"),
-    (" worker", "worker"), (" beat", "beat"), ("redis-server", "redis"), ("postgres", "postgres"),
-)
-
-
-def stack_cpu_by_process() -> dict[str, float]:
-    """CPU seconds so far of the processes bench.loading counts as the stack
-    (stack_processes), summed by what they are; {} where they cannot be found."""
-    found = stack_processes()
-    if found is None:
-        return {}
-    cpu, cmdline, counted = found
-    out: dict[str, float] = {}
-    for pid in counted:
-        kind = next((name for marker, name in _PROCESS_KINDS if marker in cmdline[pid]), "other")
-        out[kind] = out.get(kind, 0.0) + cpu[pid]
-    return out
 
 
 async def remember_each(target: Target, memories: list[Memory], namespace: str) -> list[float]:

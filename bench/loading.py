@@ -16,6 +16,11 @@ from bench.harness import Target, call, mcp_session
 # seed: batch_remember takes at most 200 fragments per call.
 BATCH = 200
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+# What a process of a stack is, by its command line (first match wins).
+_PROCESS_KINDS = (
+    ("services.ingest", "ingest"), ("services.gateway", "gateway"), ("services.recall", "recall"),
+    (" worker", "worker"), (" beat", "beat"), ("redis-server", "redis"), ("postgres", "postgres"),
+)
 
 
 def _proc_table() -> tuple[dict[int, int], dict[int, float], dict[int, str]]:
@@ -34,7 +39,10 @@ def _proc_table() -> tuple[dict[int, int], dict[int, float], dict[int, str]]:
         except OSError:
             continue
         parent[pid] = int(fields[1])
-        cpu[pid] = (int(fields[11]) + int(fields[12])) / _TICKS
+        # Its own user and system time, and its reaped children's: a Postgres backend or
+        # autovacuum worker that exits between two readings is gone from /proc, and its CPU is
+        # then in the postmaster's cutime / cstime (counted once: a live child is not in them).
+        cpu[pid] = sum(int(ticks) for ticks in fields[11:15]) / _TICKS
     return parent, cpu, cmdline
 
 
@@ -52,12 +60,22 @@ def _database_port(pids: list[int]) -> str | None:
     return None
 
 
-def stack_processes() -> tuple[dict[int, float], dict[int, str], set[int]] | None:
+def _postmasters(cmdline: dict[int, str], port: str | None) -> list[int]:
+    """The Postgres server listening on `port`, by its command line (`-p PORT`, or embedded
+    Postgres' `-c port=PORT`)."""
+    if not port:
+        return []
+    return [pid for pid, cmd in cmdline.items()
+            if "postgres" in cmd and (f" -p {port} " in f"{cmd} " or f" port={port} " in f"{cmd} ")]
+
+
+def stack_processes(database_url: str | None = None) -> tuple[dict[int, float], dict[int, str], set[int]] | None:
     """A private stack's live processes: every process below this one (services, worker) plus
     its Postgres (pg_ctl detaches the postmaster; found by the port in the services'
     DATABASE_URL) and the postmaster's backends, as (CPU seconds by pid, command line by pid,
-    the stack's pids). None where /proc is missing or nothing runs below us (a stack given
-    with --url)."""
+    the stack's pids). With `database_url`, the stack of the Postgres on that URL's port that
+    another process serves (`growth_bench --serve`, `services.stack run`): every process below
+    the postmaster's parent. None where /proc is missing or no stack is found."""
     try:
         parent, cpu, cmdline = _proc_table()
     except OSError:
@@ -73,12 +91,30 @@ def stack_processes() -> tuple[dict[int, float], dict[int, str], set[int]] | Non
                 out.append(pid)
         return out
 
-    mine = below(os.getpid())
+    if database_url is not None:
+        match = re.search(r":(\d+)/", database_url)
+        roots = {parent.get(pid) for pid in _postmasters(cmdline, match.group(1) if match else None)} - {None, 0, 1}
+        mine = [pid for root in roots if root is not None for pid in below(root) if pid != os.getpid()]
+    else:
+        mine = below(os.getpid())
     if not mine:
         return None
-    port = _database_port(mine)
-    postgres = [pid for pid, cmd in cmdline.items() if port and "postgres" in cmd and f" -p {port} " in f"{cmd} "]
+    postgres = _postmasters(cmdline, _database_port(mine))
     return cpu, cmdline, set(mine) | set(postgres) | {pid for root in postgres for pid in below(root)}
+
+
+def stack_cpu_by_process(database_url: str | None = None) -> dict[str, float]:
+    """CPU seconds so far of a stack's processes (stack_processes), summed by what they are;
+    {} where they cannot be found."""
+    found = stack_processes(database_url)
+    if found is None:
+        return {}
+    cpu, cmdline, counted = found
+    out: dict[str, float] = {}
+    for pid in counted:
+        kind = next((name for marker, name in _PROCESS_KINDS if marker in cmdline[pid]), "other")
+        out[kind] = out.get(kind, 0.0) + cpu[pid]
+    return out
 
 
 def descendants_cpu_seconds() -> float | None:

@@ -25,7 +25,7 @@ from pgvector.asyncpg import register_vector
 
 from bench.corpus import filtered_queries, generate, keyword_queries, text_queries
 from bench.harness import LATENCY_HEADER, Target, latency_row, print_table
-from bench.loading import run_namespace, scoped
+from bench.loading import run_namespace, scoped, stack_cpu_by_process
 from bench.recall_bench import WARMUP, time_queries
 from shared.db import SEARCH_PATH
 from shared.domain.fragment import NewFragment
@@ -126,6 +126,19 @@ def ids_cache(namespace: str, n: int, seed: int) -> Path:
     return Path(tempfile.gettempdir()) / f"engram-bench-ids-{namespace}-{n}-{seed}.json"
 
 
+CPU_KINDS = ("postgres", "recall", "gateway", "redis")
+CPU_HEADER = ["case", *CPU_KINDS, "other", "stack", "client"]
+
+
+def cpu_row(name: str, before: dict[str, float], after: dict[str, float], client: float, count: int) -> list[str]:
+    """One suite's CPU per query: the stack's processes by kind between two readings of
+    stack_cpu_by_process, and this (client) process's."""
+    spent = {kind: after.get(kind, 0.0) - before.get(kind, 0.0) for kind in after}
+    other = sum(ms for kind, ms in spent.items() if kind not in CPU_KINDS)
+    cells = [spent.get(kind, 0.0) for kind in CPU_KINDS] + [other, sum(spent.values()), client]
+    return [name, *(f"{seconds / count * 1000:.1f}" for seconds in cells)]
+
+
 async def run(
     target: Target, database_url: str, n: int, count: int, seed: int, embed_share: float, reuse: str | None,
     query_seed: int | None = None,
@@ -145,17 +158,27 @@ async def run(
         "keyword": keyword_queries(memories, WARMUP + count, seed=qs + 2),
         "filtered (ws+type+minImportance)": filtered_queries(memories, WARMUP + count, seed=qs + 3),
     }
-    rows = []
+    rows, cpu_rows = [], []
     for name, queries in suites.items():
         await time_queries(target, queries[:WARMUP], namespace, ids)
+        before, client_before = stack_cpu_by_process(database_url), time.process_time()
         began = time.perf_counter()
         samples, hit_rate = await time_queries(target, queries[WARMUP:], namespace, ids)
         qps = len(samples) / (time.perf_counter() - began)
+        client = time.process_time() - client_before
         rows.append(latency_row(name, samples, f"hit@10 {hit_rate:.2f}, {qps:.0f} q/s"))
+        if before and samples:
+            cpu_rows.append(cpu_row(name, before, stack_cpu_by_process(database_url), client, len(samples)))
     print_table(
         f"recall over MCP at {n} fragments (one client, sequential, pageSize 10, after {WARMUP} warm-up each)",
         LATENCY_HEADER, rows,
     )
+    if cpu_rows:
+        print_table(
+            "CPU per recall by process, ms (the stack's processes by /proc, reaped Postgres backends included; client:"
+            " this process, the MCP client library's own)", CPU_HEADER, cpu_rows,
+        )
+
 
 
 def main() -> None:
