@@ -134,7 +134,7 @@ def cpu_row(name: str, before: dict[str, float], after: dict[str, float], client
     """One suite's CPU per query: the stack's processes by kind between two readings of
     stack_cpu_by_process, and this (client) process's."""
     spent = {kind: after.get(kind, 0.0) - before.get(kind, 0.0) for kind in after}
-    other = sum(ms for kind, ms in spent.items() if kind not in CPU_KINDS)
+    other = sum(seconds for kind, seconds in spent.items() if kind not in CPU_KINDS)
     cells = [spent.get(kind, 0.0) for kind in CPU_KINDS] + [other, sum(spent.values()), client]
     return [name, *(f"{seconds / count * 1000:.1f}" for seconds in cells)]
 
@@ -178,7 +178,6 @@ async def run(
             "CPU per recall by process, ms (the stack's processes by /proc, reaped Postgres backends included; client:"
             " this process, the MCP client library's own)", CPU_HEADER, cpu_rows,
         )
-
 
 
 def main() -> None:
