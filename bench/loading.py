@@ -46,6 +46,11 @@ def _proc_table() -> tuple[dict[int, int], dict[int, float], dict[int, str]]:
     return parent, cpu, cmdline
 
 
+def _url_port(url: str) -> str | None:
+    match = re.search(r":(\d+)/", url)
+    return match.group(1) if match else None
+
+
 def _database_port(pids: list[int]) -> str | None:
     for pid in pids:
         try:
@@ -53,10 +58,9 @@ def _database_port(pids: list[int]) -> str | None:
                 env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
         except OSError:
             continue
-        url = env.get(b"DATABASE_URL", b"").decode()
-        match = re.search(r":(\d+)/", url)
-        if match:
-            return match.group(1)
+        port = _url_port(env.get(b"DATABASE_URL", b"").decode())
+        if port:
+            return port
     return None
 
 
@@ -92,14 +96,14 @@ def stack_processes(database_url: str | None = None) -> tuple[dict[int, float], 
         return out
 
     if database_url is not None:
-        match = re.search(r":(\d+)/", database_url)
-        roots = {parent.get(pid) for pid in _postmasters(cmdline, match.group(1) if match else None)} - {None, 0, 1}
-        mine = [pid for root in roots if root is not None for pid in below(root) if pid != os.getpid()]
+        postgres = _postmasters(cmdline, _url_port(database_url))
+        roots = {parent.get(pid, 0) for pid in postgres} - {0, 1}
+        mine = [pid for root in roots for pid in below(root) if pid != os.getpid()]
     else:
         mine = below(os.getpid())
+        postgres = _postmasters(cmdline, _database_port(mine))
     if not mine:
         return None
-    postgres = _postmasters(cmdline, _database_port(mine))
     return cpu, cmdline, set(mine) | set(postgres) | {pid for root in postgres for pid in below(root)}
 
 
