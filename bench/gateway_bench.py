@@ -44,19 +44,12 @@ from typing import Any
 import httpx
 
 from bench.harness import LATENCY_HEADER, free_port, latency_row, percentile, print_table, private_stack_config
+from bench.loading import cpu_seconds
 from services.common.internal import SERVICE_TOKEN_HEADER
 from services.stack import client
 from shared.domain.principal import Principal
 
 WARMUP = 30
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process and its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
 
 class CpuMeter:
     def __init__(self, pid: int) -> None:

@@ -23,6 +23,13 @@ _PROCESS_KINDS = (
 )
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a live process and its threads (not its reaped children's)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
 def _proc_table() -> tuple[dict[int, int], dict[int, float], dict[int, str]]:
     parent: dict[int, int] = {}
     cpu: dict[int, float] = {}

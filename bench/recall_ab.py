@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
-import os
 import statistics
 import subprocess
 import time
@@ -36,6 +35,7 @@ from redis.asyncio import Redis
 
 from bench.corpus import generate
 from bench.harness import percentile, print_table
+from bench.loading import cpu_seconds
 from bench.recall_bench import scope_query
 from bench.recall_profile import SUITES, WARMUP
 from services.common.internal import ToolContext
@@ -74,14 +74,9 @@ def variant(i: int) -> str:
     return ORDER[i % len(ORDER)]
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """The CPU (user + system) the processes `pids` have used so far."""
-    ticks = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
+def backends_cpu(pids: list[int]) -> float:
+    """The CPU the pool's backends (`pids`) have used so far."""
+    return sum(cpu_seconds(pid) for pid in pids)
 
 
 @contextmanager
@@ -138,9 +133,9 @@ async def run(
                 put(instrumented[v])
                 arguments = scope_query(query, namespace)
                 seen = len(calls[v])
-                pg0, own0, began = cpu_seconds(backends), time.process_time(), time.perf_counter()
+                pg0, own0, began = backends_cpu(backends), time.process_time(), time.perf_counter()
                 await recall(res, ctx, arguments)
-                ended, own1, pg1 = time.perf_counter(), time.process_time(), cpu_seconds(backends)
+                ended, own1, pg1 = time.perf_counter(), time.process_time(), backends_cpu(backends)
                 if i < WARMUP:
                     del calls[v][seen:]
                     continue

@@ -11,7 +11,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from bench.recall_ab import cpu_seconds, module_at, swapped, variant
+from bench.loading import cpu_seconds
+from bench.recall_ab import backends_cpu, module_at, swapped, variant
 from tests.support import Stack
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -67,11 +68,13 @@ async def test_a_backend_s_cpu_is_counted_for_its_own_work_only(stack: Stack) ->
     idle = await asyncpg.connect(stack.database_url)
     try:
         pids = [int(await c.fetchval("SELECT pg_backend_pid()")) for c in (busy, idle)]
-        before = [cpu_seconds([pid]) for pid in pids]
+        before = [cpu_seconds(pid) for pid in pids]
+        together = backends_cpu(pids)
         await busy.fetchval("SELECT sum(g) FROM generate_series(1, 5000000) g")
-        after = [cpu_seconds([pid]) for pid in pids]
+        after = [cpu_seconds(pid) for pid in pids]
     finally:
         await busy.close()
         await idle.close()
     assert after[0] - before[0] >= 0.05
     assert after[1] - before[1] <= 0.02
+    assert together == pytest.approx(sum(before), abs=0.02)  # the pool's backends summed
