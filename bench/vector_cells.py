@@ -11,6 +11,11 @@ Each question is then ranked exactly (every row of the scope, as nearest() does 
 and from its `p` nearest cells only, for each `p` of `--probes`, in turn on one connection. The
 numbers: ms p50 / p95 client-side, and the overlap with the exact ranking's top 60 (the vector
 layer's depth) and top 10. Nothing of the store is changed; the scratch table is dropped at the end.
+Its indexes carry less than the covering index (no valid_to, scope, session_id), so both rankings
+read narrower tuples than nearest() does: the ratio between them is the measure, not the ms.
+The centroids' sample (rows ordered by md5(id), so a rerun draws the same) reads the whole table
+once and each scope's vectors are read in full: the store is colder afterwards, so run this
+apart from timed passes.
 
 NS is the namespace of an earlier `bench.recall_load` / `bench.growth_bench` load; the scopes are
 its master-key (workspace, type) pairs, the `--scopes` largest.
