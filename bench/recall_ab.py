@@ -26,26 +26,21 @@ import statistics
 import subprocess
 import time
 import types
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from redis.asyncio import Redis
 
-from bench.corpus import generate
 from bench.harness import percentile, print_table
 from bench.loading import cpu_seconds
 from bench.recall_bench import scope_query
-from bench.recall_profile import SUITES, WARMUP
+from bench.recall_profile import SUITES, WARMUP, read_resources, suite_queries, timed_stage
 from services.common.internal import ToolContext
-from services.recall.effects import SideEffects
-from services.recall.search import DocumentFrequencies
-from services.recall.service import ReadResources, recall
+from services.recall.service import recall
 from shared.db import create_pool
 from shared.domain.principal import Principal
-from shared.domain.tokens import TokenCounter
-from shared.embeddings import load_embedder, model_dir
 from shared.repositories import vector_search
 from shared.settings import RecallSettings
 
@@ -89,16 +84,6 @@ def swapped(module: types.ModuleType, name: str) -> Iterator[Callable[[Any], Non
         setattr(module, name, original)
 
 
-def timed(fn: Callable[..., Awaitable[Any]], samples: list[float]) -> Callable[..., Awaitable[Any]]:
-    async def run(*args: Any, **kwargs: Any) -> Any:
-        began = time.perf_counter()
-        try:
-            return await fn(*args, **kwargs)
-        finally:
-            samples.append((time.perf_counter() - began) * 1000)
-    return run
-
-
 async def run(
     database_url: str, redis_url: str, namespace: str, swap: str, rev: str, kind: str, count: int, seed: int,
 ) -> None:
@@ -113,19 +98,14 @@ async def run(
     for conn in held:
         await pool.release(conn)
     redis = Redis.from_url(redis_url)
-    res = ReadResources(
-        pool=pool, embedder=load_embedder(latency=True), tokens=TokenCounter(model_dir() / "tokenizer.json"), settings=settings,
-        effects=SideEffects(pool, redis, replica="recall-ab"), redis=redis, df_cache=DocumentFrequencies(redis),
-    )
-    # The corpus and the query seeds as bench.recall_profile takes them.
-    query_seed = {"text": seed + 1, "keyword": seed + 2, "filtered": seed + 3}[kind]
-    queries = SUITES[kind](generate(100_000, seed=seed), WARMUP + count, seed=query_seed)
+    res = read_resources(pool, redis, settings, "recall-ab")
+    queries = suite_queries(kind, count, seed)  # the corpus and query seeds as bench.recall_profile takes them
     ctx = ToolContext(principal=Principal.master())
     calls: dict[str, list[float]] = {"A": [], "B": []}
     wall: dict[str, list[float]] = {"A": [], "B": []}
     postgres: dict[str, list[float]] = {"A": [], "B": []}
     own: dict[str, list[float]] = {"A": [], "B": []}
-    instrumented = {v: timed(fn, calls[v]) for v, fn in versions.items()}
+    instrumented = {v: timed_stage(v, fn, calls) for v, fn in versions.items()}
     try:
         with swapped(live, name) as put:
             for i, query in enumerate(queries):

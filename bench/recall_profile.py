@@ -21,9 +21,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
+import asyncpg
 from redis.asyncio import Redis
 
-from bench.corpus import filtered_queries, generate, keyword_queries, text_queries
+from bench.corpus import Query, filtered_queries, generate, keyword_queries, text_queries
 from bench.harness import percentile
 from bench.recall_bench import scope_query
 from services.common.internal import ToolContext
@@ -52,6 +53,24 @@ STAGES = {
     render: ["decorate"],
     service: ["_search", "current_generation"],
 }
+
+
+def read_resources(
+    pool: asyncpg.Pool, redis: Redis, settings: RecallSettings, replica: str, local_df: bool = False,
+) -> ReadResources:
+    """What the recall service's recall() reads with, built as the service builds it, on this
+    process's `pool` and `redis` (`local_df`: document frequencies counted here only)."""
+    return ReadResources(
+        pool=pool, embedder=load_embedder(latency=True), tokens=TokenCounter(model_dir() / "tokenizer.json"),
+        settings=settings, effects=SideEffects(pool, redis, replica=replica), redis=redis,
+        df_cache=DocumentFrequencies(None if local_df else redis),
+    )
+
+
+def suite_queries(kind: str, count: int, seed: int) -> list[Query]:
+    """The `kind` suite's questions (after WARMUP more) about the 100k corpus of `seed`."""
+    query_seed = {"text": seed + 1, "keyword": seed + 2, "filtered": seed + 3}[kind]
+    return SUITES[kind](generate(100_000, seed=seed), WARMUP + count, seed=query_seed)
 
 
 def timed_stage(
@@ -95,18 +114,13 @@ async def run(
         server_settings=vector_search.graph_settings(settings.hnsw_ef_search),
     )
     redis = Redis.from_url(redis_url)
-    res = ReadResources(
-        pool=pool, embedder=load_embedder(latency=True), tokens=TokenCounter(model_dir() / "tokenizer.json"), settings=settings,
-        effects=SideEffects(pool, redis, replica="profile"), redis=redis,
-        df_cache=DocumentFrequencies(None if local_df else redis),
-    )
+    res = read_resources(pool, redis, settings, "profile", local_df)
 
     # embed_queries of one text calls embed_query (the instance's, so the timed one): both
     # spans then cover the same run of the model.
     res.embed_query = timed_stage("embed_query", res.embed_query, timings, spans)  # type: ignore[method-assign]
     res.embed_queries = timed_stage("embed_queries", res.embed_queries, timings, spans)  # type: ignore[method-assign]
-    memories = generate(100_000, seed=seed)
-    queries = SUITES[kind](memories, WARMUP + count, seed={"text": seed + 1, "keyword": seed + 2, "filtered": seed + 3}[kind])
+    queries = suite_queries(kind, count, seed)
     ctx = ToolContext(principal=Principal.master())
     totals = []
     # per measured query: its total, its stages' sums and its stages' (label, start, end) in ms from its start
