@@ -44,12 +44,13 @@ from bench.recall_bench import WARMUP, time_queries
 from bench.recall_load import CPU_HEADER, bulk_load, cpu_row
 from services.stack.supervisor import Stack, interrupt_on_stop_signals
 from shared.db import SEARCH_PATH
-from shared.repositories import type_graphs
+from shared.repositories import type_graphs, vector_cells
 from shared.settings import MaintenanceSettings
 
 INGEST_CLIENTS = 4
 # The maintenance worker's default (TYPE_GRAPH_MIN_ROWS).
 TYPE_GRAPH_MIN_ROWS: int = MaintenanceSettings.model_fields["type_graph_min_rows"].default
+VECTOR_CELLS_MIN_ROWS: int = MaintenanceSettings.model_fields["vector_cells_min_rows"].default
 # A top-up of at least this share of the store's rows drops the indexes that carry the
 # embedding (the HNSW graph and fragments_scope_vectors, migration 0026) and builds them again
 # afterwards (same definitions): inserting into the graph row by row is most of a bulk load's
@@ -170,11 +171,16 @@ async def top_up(database_url: str, memories: list[Memory], namespace: str, embe
         await conn.execute("VACUUM (ANALYZE) fragments, fragment_terms, fragment_passages")
         print(f"  VACUUM (ANALYZE) in {time.perf_counter() - began:.0f} s", flush=True)
         # The type graphs the maintenance worker would build within its next interval (the
-        # types past TYPE_GRAPH_MIN_ROWS now), built here so that nothing is timed beside them.
+        # types past TYPE_GRAPH_MIN_ROWS now) and its cells index, built here so that nothing is timed beside them.
         began = time.perf_counter()
         built_types = await type_graphs.ensure_type_graphs(conn, TYPE_GRAPH_MIN_ROWS, concurrently=False)
         if built_types:
             print(f"  type graphs {', '.join(built_types)} built in {time.perf_counter() - began:.0f} s", flush=True)
+        # And the cells index, once the store is past VECTOR_CELLS_MIN_ROWS.
+        began = time.perf_counter()
+        version = await vector_cells.ensure_cells(conn, VECTOR_CELLS_MIN_ROWS, concurrently=False)
+        if version is not None:
+            print(f"  vector cells v{version} trained and built in {time.perf_counter() - began:.0f} s", flush=True)
         return ids, seconds
     finally:
         await conn.close()

@@ -3,10 +3,11 @@ feasibility measure for an inverted-file (IVF) layout inside the covering btree.
 
     python -m bench.vector_cells --database-url DSN --namespace NS [--cells 1024] [--probes 64,128,256]
 
-Each fragment gets a cell: the nearest of `--cells` centroids (spherical k-means over a sample of
-the store's own embeddings). A scope's rows are copied into a scratch table keyed by (cell,
-importance) and carrying the half vector, as `fragments_scope_vectors` does by (key, workspace,
-type, importance); a second index on the same table, by importance alone, is the exact ranking's.
+Each fragment gets a cell: the nearest of `--cells` centroids (spherical k-means over a sample
+of the store's own embeddings: vector_cells.train, as the maintenance worker trains them). A
+scope's rows are copied into a scratch table keyed by (cell, importance) and carrying the half
+vector, as `fragments_scope_vectors` does by (key, workspace, type, importance); a second index
+on the same table, by importance alone, is the exact ranking's.
 Each question is then ranked exactly (every row of the scope, as nearest() does within its cap)
 and from its `p` nearest cells only, for each `p` of `--probes`, in turn on one connection. The
 numbers: ms p50 / p95 client-side, and the overlap with the exact ranking's top 60 (the vector
@@ -39,29 +40,9 @@ from bench.harness import percentile
 from services.recall.search import LAYER_DEPTH
 from shared.db import create_pool
 from shared.embeddings import load_embedder
+from shared.repositories import vector_cells
 
 SCRATCH = "bench_vector_cells_{pid}"
-
-
-def spherical_kmeans(x: np.ndarray, k: int, iterations: int = 12, seed: int = 0) -> np.ndarray:
-    """`k` unit centroids of the unit rows of `x` (cosine k-means, seeded k-means++ style: each
-    next seed drawn by its cosine distance to the nearest one so far); an empty cell keeps its seed."""
-    rng = np.random.default_rng(seed)
-    centroids = np.empty((k, x.shape[1]), dtype=np.float32)
-    centroids[0] = x[rng.integers(len(x))]
-    distance = 1.0 - x @ centroids[0]
-    for i in range(1, k):
-        weights = np.clip(distance, 0.0, None)
-        centroids[i] = x[rng.choice(len(x), p=weights / weights.sum()) if weights.sum() > 0 else rng.integers(len(x))]
-        distance = np.minimum(distance, 1.0 - x @ centroids[i])
-    for _ in range(iterations):
-        nearest = np.argmax(x @ centroids.T, axis=1)
-        for cell in range(k):
-            members = x[nearest == cell]
-            if len(members):
-                mean = members.mean(axis=0)
-                centroids[cell] = mean / max(float(np.linalg.norm(mean)), 1e-12)
-    return centroids.astype(np.float32)
 
 
 def cells_of(vectors: np.ndarray, centroids: np.ndarray) -> np.ndarray:
@@ -145,7 +126,7 @@ async def run(
                 "ORDER BY md5(id) LIMIT $2", namespace, sample)
             train = np.stack([np.asarray(r["embedding_half"].to_numpy(), dtype=np.float32) for r in drawn])
             began = time.perf_counter()
-            centroids = spherical_kmeans(train / np.linalg.norm(train, axis=1, keepdims=True), n_cells, seed=seed)
+            centroids = vector_cells.train(train / np.linalg.norm(train, axis=1, keepdims=True), n_cells, seed=seed)
             print(f"{n_cells} cells from {len(train)} sampled embeddings ({time.perf_counter() - began:.1f} s)")
             embedder = load_embedder(latency=True)
             questions = [q.arguments["text"] for q in text_queries(generate(5_000, seed=seed), n_queries, seed=seed + 1)]

@@ -356,6 +356,11 @@ class MaintenanceSettings(CommonSettings):
     # runs every type_graph_interval; 0 = off (the worker builds none).
     type_graph_min_rows: int = Field(100_000, alias="TYPE_GRAPH_MIN_ROWS", ge=1)
     type_graph_interval: timedelta = Field(timedelta(minutes=10), alias="TYPE_GRAPH_INTERVAL")
+    # The k-means cells index (shared.repositories.vector_cells) is trained and built
+    # (concurrently) once fragments has this many rows; large filtered scopes are then ranked
+    # from their query's nearest cells. Checked every vector_cells_interval; 0 = off.
+    vector_cells_min_rows: int = Field(200_000, alias="VECTOR_CELLS_MIN_ROWS", ge=1)
+    vector_cells_interval: timedelta = Field(timedelta(minutes=10), alias="VECTOR_CELLS_INTERVAL")
     # An open session idle this long is ended ("expired") and reflected by the sweep.
     session_idle_ttl: timedelta = Field(timedelta(hours=24), alias="SESSION_IDLE_TTL")
     # mnemory: FSCK_AUTO_INTERVAL hours, 0 = off; thresholds for what auto-fsck applies.

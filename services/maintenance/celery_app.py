@@ -38,6 +38,10 @@ def beat_schedule(s: MaintenanceSettings) -> dict[str, dict]:
         }
     if s.type_graph_interval.total_seconds() > 0:
         schedule["maintenance.type_graphs"] = {"task": "maintenance.type_graphs", "schedule": s.type_graph_interval.total_seconds()}
+    if s.vector_cells_interval.total_seconds() > 0:
+        schedule["maintenance.vector_cells"] = {
+            "task": "maintenance.vector_cells", "schedule": s.vector_cells_interval.total_seconds(),
+        }
     if s.fsck_auto_interval.total_seconds() > 0:
         schedule["maintenance.auto_fsck"] = {"task": "maintenance.auto_fsck", "schedule": s.fsck_auto_interval.total_seconds()}
     return schedule

@@ -22,6 +22,7 @@ from shared.repositories import links as links_repo
 from shared.repositories import locks as locks_repo
 from shared.repositories import maintenance as runs_repo
 from shared.repositories import type_graphs as type_graphs_repo
+from shared.repositories import vector_cells as vector_cells_repo
 from shared.repositories.maintenance import Tenant
 from shared.telemetry import correlation_id
 
@@ -59,6 +60,13 @@ async def type_graphs(pool: asyncpg.Pool, min_rows: int) -> list[str]:
     (shared.repositories.type_graphs)."""
     async with pool.acquire() as conn:
         return await type_graphs_repo.ensure_type_graphs(conn, min_rows)
+
+
+async def vector_cells(pool: asyncpg.Pool, min_rows: int) -> int | None:
+    """The k-means cells index, trained and built once fragments has `min_rows` rows
+    (shared.repositories.vector_cells). Returns the version built, if one was."""
+    async with pool.acquire() as conn:
+        return await vector_cells_repo.ensure_cells(conn, min_rows)
 
 
 async def _invalidate_recall_cache(rt: WorkerRuntime) -> None:

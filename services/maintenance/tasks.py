@@ -43,6 +43,12 @@ def type_graphs() -> list[str]:
     return rt.run(lambda pool: service.type_graphs(pool, rt.settings.type_graph_min_rows))
 
 
+@app.task(name="maintenance.vector_cells", autoretry_for=RETRYABLE, **RETRY)
+def vector_cells() -> int | None:
+    rt = runtime()
+    return rt.run(lambda pool: service.vector_cells(pool, rt.settings.vector_cells_min_rows))
+
+
 @app.task(name="maintenance.consolidate", autoretry_for=RETRYABLE, **RETRY)
 def consolidate(run_id: int | None = None, tenant: str | None = None, stages: list[str] | None = None) -> dict[str, Any]:
     """run_id: a maintenance_runs row made by the caller (memory_consolidate); without it

@@ -33,7 +33,7 @@ from shared.domain.keywords import korean_morphemes
 from shared.domain.principal import Principal
 from shared.domain.search import FragmentFilter, RankedHit
 from shared.repositories import fragments as fragments_repo
-from shared.repositories import retrieval, vector_search
+from shared.repositories import retrieval, vector_cells, vector_search
 
 logger = logging.getLogger(__name__)
 
@@ -224,28 +224,39 @@ SCOPE_SIZE_TTL_S = 60.0
 SCOPE_SIZES_MAX = 20_000
 
 
+# How long recall trusts what it learned of the store's cells index (vector_cells.current):
+# the maintenance worker builds it once, in minutes, and a recall that goes on without it for
+# a minute more ranks exactly or walks, as before.
+CELLS_TTL_S = 60.0
+
+
 @dataclass
 class _PlanBounds:
     """What counts of one scope (tenant, workspace, types) at some importance floors decided:
-    the count falls as the floor rises, so a floor at or above one whose count was within the
-    cap is within it too, and a floor at or below one whose count was past it is past it too."""
+    the count falls as the floor rises, so a floor at or above one whose count fixed the plan
+    from below (vector_search.plan_bounds) is fixed the same way, and a floor at or below one
+    whose count fixed it from above too. Other floors are answered by their own count."""
 
-    within: tuple[float, int] | None = None  # the lowest floor counted within the cap, and its count
-    beyond: tuple[float, int] | None = None  # the highest floor counted past the cap, and its count
+    within: tuple[float, int] | None = None  # the lowest floor counted at or under the low bound, and its count
+    beyond: tuple[float, int] | None = None  # the highest floor counted past the high bound, and its count
+    counted: dict[float, int] = field(default_factory=dict)  # every floor counted, its count
 
     def decided(self, floor: float) -> int | None:
         """A count that decides the plan at `floor` as its own would, or None when no count so far does."""
+        if floor in self.counted:
+            return self.counted[floor]
         if self.within is not None and floor >= self.within[0]:
             return self.within[1]
         if self.beyond is not None and floor <= self.beyond[0]:
             return self.beyond[1]
         return None
 
-    def learn(self, floor: float, rows: int, cap: int) -> None:
-        if rows <= cap:
+    def learn(self, floor: float, rows: int, low: int, high: int) -> None:
+        self.counted[floor] = rows
+        if rows <= low:
             if self.within is None or floor < self.within[0]:
                 self.within = (floor, rows)
-        elif self.beyond is None or floor > self.beyond[0]:
+        elif rows > high and (self.beyond is None or floor > self.beyond[0]):
             self.beyond = (floor, rows)
 
 
@@ -254,41 +265,56 @@ class ScopeSizes:
     the app state) for SCOPE_SIZE_TTL_S: a filtered recall at 1M counted up to ~50k index
     entries (3-7 ms of Postgres) while the model embedded its query on the same two cores, and
     most counts decide nothing new. A scope is the caller's tenant, workspace and types; its
-    importance floor is answered from any earlier count that decides it (_PlanBounds)."""
+    importance floor is answered from any earlier count that decides it (_PlanBounds). Also
+    which cells index nearest() may probe, for CELLS_TTL_S."""
 
     def __init__(self) -> None:
         self._bounds: TTLCache[tuple[object, ...], _PlanBounds] = TTLCache(SCOPE_SIZES_MAX, SCOPE_SIZE_TTL_S)
+        self._cells: TTLCache[str, int | None] = TTLCache(1, CELLS_TTL_S)
 
-    async def rows(self, pool: asyncpg.Pool, principal: Principal, flt: FragmentFilter, limit: int) -> int | None:
+    async def cells(self, pool: asyncpg.Pool) -> int | None:
+        """The valid cells version (None without one), looked up once a CELLS_TTL_S."""
+        if "version" not in self._cells:
+            async with pool.acquire() as conn:
+                self._cells["version"] = await vector_cells.current(conn)
+        return self._cells.get("version")
+
+    def forget_cells(self) -> None:
+        self._cells.clear()
+
+    async def rows(
+        self, pool: asyncpg.Pool, principal: Principal, flt: FragmentFilter, limit: int, cells: int | None = None,
+    ) -> int | None:
         """A count for nearest()'s `scope_rows` (None for a scope with nothing to count), on a
         connection of `pool` when no earlier count decides it."""
         if not vector_search.countable(principal, flt):
             return None
-        key = (principal.reads, flt.workspace, flt.types, limit)
+        key = (principal.reads, flt.workspace, flt.types, limit, cells)
         floor = -math.inf if flt.min_importance is None else flt.min_importance
         bounds = self._bounds.get(key)
         if bounds is not None and (known := bounds.decided(floor)) is not None:
             return known
         async with pool.acquire() as conn:
-            counted = await vector_search.scope_size(conn, principal, flt, limit)
+            counted = await vector_search.scope_size(conn, principal, flt, limit, cells)
         if counted is None:
             return None
-        rows, cap = counted
+        rows, bound = counted
         bounds = self._bounds.get(key)  # another search of the scope may have learned it meanwhile
         if bounds is None:
             bounds = self._bounds[key] = _PlanBounds()
-        bounds.learn(floor, rows, cap)
+        bounds.learn(floor, rows, *vector_search.plan_bounds(bound, cells))
         return rows
 
 
 async def _semantic_on(
     conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, req: SearchRequest, scope_rows: int | None = None,
+    cells: int | None = None,
 ) -> tuple[np.ndarray | None, list[tuple[str, float]]]:
     """L3: the query embedding, then its nearest fragments in scope (threshold bounds similarity)."""
     vector = await req.vector if req.vector is not None else None
     if vector is None:
         return None, []
-    semantic = await vector_search.nearest(conn, principal, flt, vector, LAYER_DEPTH, scope_rows)
+    semantic = await vector_search.nearest(conn, principal, flt, vector, LAYER_DEPTH, scope_rows, cells)
     if req.threshold is not None:
         semantic = [(fid, sim) for fid, sim in semantic if sim >= req.threshold]
     return vector, semantic
@@ -300,12 +326,22 @@ async def _semantic(
     if req.vector is None:
         return None, []
     rows = None
+    cells = await sizes.cells(pool)
     if not req.vector.done():
         # The vector layer's scope is counted while the model runs, not after it.
-        rows = await sizes.rows(pool, principal, flt, LAYER_DEPTH)
+        rows = await sizes.rows(pool, principal, flt, LAYER_DEPTH, cells)
     await asyncio.shield(req.vector)  # no second connection is held while the model runs
     async with pool.acquire() as conn:
-        return await _semantic_on(conn, principal, flt, req, rows)
+        try:
+            return await _semantic_on(conn, principal, flt, req, rows, cells)
+        except asyncpg.UndefinedFunctionError:
+            if cells is None:
+                raise
+            # The version this process knew was retired meanwhile (its function went with its
+            # index): learn again, and rank this query as a store without cells would.
+            logger.info("vector cells v%d are gone; ranking without them", cells)
+            sizes.forget_cells()
+            return await _semantic_on(conn, principal, flt, req)
 
 
 async def _feedback(

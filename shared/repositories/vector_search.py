@@ -22,6 +22,14 @@ interleaved with everyone else's): at 1M, 14k pages for a scope of 14k rows. The
 written as disjoint ranges of that index (scope_workspace_ranges, whose union is
 filter_clauses' tenant and workspace scope): an OR of ranges would be a bitmap scan, back on
 the heap.
+
+Once the store has its k-means cells (vector_cells: an index like fragments_scope_vectors with
+each row's cell between the type and the importance), a countable scope takes one of two
+other plans: exactly up to CELLS_EXACT_ROWS, and past it from the query's nearest cells, as
+many as hold about CELL_ROWS of the scope's rows (at least MIN_CELL_SHARE of the cells). The
+walk is then left to the master key's uncounted scopes. At 1M a scope ranked from cells enough
+for ~8,000 rows kept 0.98-1.0 of the exact top 60 past 15k rows at 13-19 ms p50, against the
+exact ranking's 18-83 (bench/README.md, session 40); under ~15k the exact ranking was faster.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from shared.domain.principal import Principal, SqlParams, scope_clause, scope_wo
 from shared.domain.search import FragmentFilter
 from shared.repositories.fragments import filter_clauses, narrowing_clauses
 from shared.repositories.type_graphs import GRAPH_PREFIX
+from shared.repositories.vector_cells import cell_of
 
 # Scopes up to this many rows are always ranked exactly, whatever the table's size: reading
 # them costs less than HNSW's entry into the graph and it is exact.
@@ -66,12 +75,25 @@ EXACT_WEIGHT = 48.0
 # the half order is what it returns.
 
 
+# With cells: scopes up to this many rows are ranked exactly, larger ones from their cells.
+CELLS_EXACT_ROWS = 15_000
+# The scope rows the probed cells should hold, on average: the share of the cells probed is
+# CELL_ROWS / the scope's rows, at least MIN_CELL_SHARE (all of them for a scope this small).
+CELL_ROWS = 8_000
+MIN_CELL_SHARE = 0.125
+# With cells, scopes are counted up to where the share stops falling (64k rows).
+CELLS_COUNT_BOUND = int(CELL_ROWS / MIN_CELL_SHARE)
+
+
 def graph_settings(ef_search: int) -> dict[str, str]:
     """The session settings a pool that walks HNSW needs (create_pool's server_settings): the
     iterative scan keeps walking until `limit` rows pass the filters instead of filtering
     ef_search candidates down to a short list, and ef_search sets how wide each step looks."""
     return {"hnsw.iterative_scan": "relaxed_order", "hnsw.ef_search": str(int(ef_search))}
 
+
+# A scope with no index range (a principal that reads nothing).
+NO_ROWS = "SELECT NULL::text AS id, NULL::float8 AS distance WHERE FALSE"
 
 # The planner's row count of the table, in _exact_cap's FROM.
 TABLE_ROWS = "greatest(c.reltuples, 0)"
@@ -134,48 +156,110 @@ def countable(principal: Principal, flt: FragmentFilter) -> bool:
     return not (principal.is_master and flt.workspace is None)
 
 
-def scope_rows_statement(principal: Principal, flt: FragmentFilter, limit: int) -> tuple[str, list[object]]:
-    """The scope's size as nearest() decides by it, counted up to just past the exact cap,
-    and that cap."""
+def _count_bound(limit: int, flt: FragmentFilter, params: SqlParams, cells: int | None) -> str:
+    """SQL for how far the scope is counted: just past the exact cap (the walk's crossing), or
+    with cells to CELLS_COUNT_BOUND, past which the probed share no longer changes."""
+    return str(CELLS_COUNT_BOUND) if cells is not None else _exact_cap(limit, _walked_rows(flt, params))
+
+
+def plan_bounds(bound: int, cells: int | None) -> tuple[int, int]:
+    """The counts that fix the plan whatever the exact count: up to the first the scope is
+    ranked exactly, past the second (the count's bound) the plan no longer changes."""
+    return (min(CELLS_EXACT_ROWS, bound), bound) if cells is not None else (bound, bound)
+
+
+def scope_rows_statement(principal: Principal, flt: FragmentFilter, limit: int, cells: int | None = None) -> tuple[str, list[object]]:
+    """The scope's size as nearest() decides by it, counted up to just past its bound, and that
+    bound (the exact cap, or CELLS_COUNT_BOUND with cells)."""
     params = SqlParams()
     counts = " + ".join(_scope_counts(principal, flt, params))
-    cap = _exact_cap(limit, _walked_rows(flt, params))
+    cap = _count_bound(limit, flt, params, cells)
     return f"WITH t AS MATERIALIZED (SELECT {cap} AS cap) SELECT {counts} AS rows, (SELECT cap FROM t) AS cap", params.values
 
 
-async def scope_size(conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, limit: int) -> tuple[int, int] | None:
-    """scope_rows_statement's count and cap (None for a scope with nothing to count): the
-    scope is ranked exactly when the count is within the cap."""
+async def scope_size(
+    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, limit: int, cells: int | None = None,
+) -> tuple[int, int] | None:
+    """scope_rows_statement's count and bound (None for a scope with nothing to count)."""
     if not countable(principal, flt):
         return None
-    sql, values = scope_rows_statement(principal, flt, limit)
+    sql, values = scope_rows_statement(principal, flt, limit, cells)
     row = await conn.fetchrow(sql, *values)
     return int(row["rows"]), int(row["cap"])
 
 
-async def scope_rows(conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, limit: int) -> int | None:
+async def scope_rows(
+    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, limit: int, cells: int | None = None,
+) -> int | None:
     """scope_size's count, for nearest()'s `scope_rows`: recall counts while the model embeds
     the query, when the connection is idle (at 1M a scope near the cap is a 31k-row index-only
     count, 3-7 ms)."""
-    counted = await scope_size(conn, principal, flt, limit)
+    counted = await scope_size(conn, principal, flt, limit, cells)
     return None if counted is None else counted[0]
+
+
+def _cells_branch(
+    principal: Principal, flt: FragmentFilter, vec: str, k: str, counts: str, cells: int, params: SqlParams,
+) -> str:
+    """nearest_statement's SQL with cells: the exact ranking up to CELLS_EXACT_ROWS, past it
+    the scope's rows in the query's nearest cells. Both read index ranges index-only: the
+    exact one fragments_scope_vectors', the other the cells index's, with the cells in its
+    index condition (the cell function's COST keeps every other plan dearer: none computes a
+    row's cell as it reads it)."""
+    narrowing = " AND ".join(["f.embedding_half IS NOT NULL", *narrowing_clauses(flt, params)])
+    ranges = scope_workspace_ranges(principal.reads, flt.workspace, params)
+    half = f"{vec}::vector::halfvec"
+    exact = " UNION ALL ".join(
+        f"SELECT f.id, f.embedding_half <=> {half} AS distance FROM fragments f"
+        f" WHERE (SELECT rows FROM n) <= {CELLS_EXACT_ROWS} AND {rng} AND {narrowing}"
+        for rng in ranges
+    ) or NO_ROWS
+    probed = " UNION ALL ".join(
+        f"SELECT f.id, f.embedding_half <=> {half} AS distance FROM fragments f"
+        f" WHERE (SELECT rows FROM n) > {CELLS_EXACT_ROWS} AND {rng}"
+        f" AND {cell_of(cells, 'f.embedding_half')} = ANY((SELECT cells FROM probe)::integer[]) AND {narrowing}"
+        for rng in ranges
+    ) or NO_ROWS
+    share = f"greatest({MIN_CELL_SHARE}, least(1.0, {CELL_ROWS}::float8 / greatest((SELECT rows FROM n), 1)))"
+    return f"""
+        WITH t AS MATERIALIZED (SELECT {CELLS_COUNT_BOUND} AS cap),
+        n AS MATERIALIZED (SELECT {counts} AS rows),
+        probe AS MATERIALIZED (
+            SELECT array_agg(cell) AS cells FROM (
+                SELECT cell FROM vector_cells WHERE version = {int(cells)} AND (SELECT rows FROM n) > {CELLS_EXACT_ROWS}
+                ORDER BY centroid <#> {half}
+                LIMIT (SELECT ceil(count(*) * {share})::int FROM vector_cells WHERE version = {int(cells)})
+            ) nearest_cells
+        ),
+        scope AS NOT MATERIALIZED ({exact}),
+        exact AS MATERIALIZED (SELECT id, distance FROM scope ORDER BY distance LIMIT {k}),
+        in_cells AS NOT MATERIALIZED ({probed}),
+        cells AS MATERIALIZED (SELECT id, distance FROM in_cells ORDER BY distance LIMIT {k})
+        SELECT id, distance FROM (SELECT id, distance FROM exact UNION ALL SELECT id, distance FROM cells) hits
+        ORDER BY distance + 0
+    """
 
 
 def nearest_statement(
     principal: Principal, flt: FragmentFilter, embedding: np.ndarray, limit: int, scope_rows: int | None = None,
+    cells: int | None = None,
 ) -> tuple[str, list[object]]:
     """nearest()'s SQL and parameters. One statement: the plan not taken is skipped by a
     one-time filter. The master key without a workspace has no scope an index can count
-    and always takes HNSW. `scope_rows`, scope_rows()' count at this limit when the caller
-    has it, replaces the statement's own."""
+    and always takes HNSW. `scope_rows`, scope_rows()' count at this limit (and `cells`) when
+    the caller has it, replaces the statement's own. `cells`, the valid version of the cells
+    index (vector_cells.current), puts the cells in the walk's place."""
     params = SqlParams()
     vec = params.add(embedding)
-    where = " AND ".join(filter_clauses(principal, flt, params))
     k = params.add(limit)
     if not countable(principal, flt):
+        where = " AND ".join(filter_clauses(principal, flt, params))
         sql = f"WITH nearest AS MATERIALIZED ({_graph(vec, where, k)}) SELECT id, distance FROM nearest ORDER BY distance + 0"
         return sql, params.values
     counts = " + ".join(_scope_counts(principal, flt, params)) if scope_rows is None else f"{params.add(scope_rows)}::bigint"
+    if cells is not None:
+        return _cells_branch(principal, flt, vec, k, counts, cells, params), params.values
+    where = " AND ".join(filter_clauses(principal, flt, params))
     # embedding_half, not embedding: the covering index carries the one, not the other.
     narrowing = " AND ".join(["f.embedding_half IS NOT NULL", *narrowing_clauses(flt, params)])
     ranges = scope_workspace_ranges(principal.reads, flt.workspace, params)
@@ -183,7 +267,7 @@ def nearest_statement(
         f"SELECT f.id, f.embedding_half <=> {vec}::vector::halfvec AS distance FROM fragments f"
         f" WHERE (SELECT rows FROM n) <= (SELECT cap FROM t) AND {rng} AND {narrowing}"
         for rng in ranges
-    ) or "SELECT NULL::text AS id, NULL::float8 AS distance WHERE FALSE"
+    ) or NO_ROWS
     # `scope` is NOT MATERIALIZED: Postgres inlines it, and its rows go straight into the
     # exact ranking's bounded sort. Materialized, every row of a scope near the cap was first
     # written to a tuplestore and read back; at 1M, nearest() over 300 filtered queries (each
@@ -203,7 +287,7 @@ def nearest_statement(
 
 async def nearest(
     conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, embedding: np.ndarray, limit: int,
-    scope_rows: int | None = None,
+    scope_rows: int | None = None, cells: int | None = None,
 ) -> list[tuple[str, float]]:
     """The `limit` fragments closest to `embedding` that pass every filter, best first, as
     (id, cosine similarity).
@@ -213,7 +297,7 @@ async def nearest(
     in particular. At 1M fragments that plan took the filtered suite's nearest() from p95 77
     to 535-589 ms (the same queries, one connection, both modes forced in turn), and a
     long-lived recall process fell into it (its statements logged at 150-880 ms)."""
-    sql, values = nearest_statement(principal, flt, embedding, limit, scope_rows)
+    sql, values = nearest_statement(principal, flt, embedding, limit, scope_rows, cells)
     async with conn.transaction():
         await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
         rows = await conn.fetch(sql, *values)

@@ -86,3 +86,14 @@ def test_beat_checks_the_type_graphs_every_ten_minutes_and_zero_turns_it_off() -
     assert schedule["maintenance.type_graphs"] == {"task": "maintenance.type_graphs", "schedule": 600.0}
     off = MaintenanceSettings.model_validate({"TYPE_GRAPH_INTERVAL": "PT0S"})
     assert "maintenance.type_graphs" not in beat_schedule(off)
+
+
+def test_beat_checks_the_vector_cells_every_ten_minutes_and_zero_turns_it_off() -> None:
+    from services.maintenance.celery_app import beat_schedule
+    from shared.settings import MaintenanceSettings
+
+    schedule = beat_schedule(MaintenanceSettings())
+    assert schedule["maintenance.vector_cells"] == {"task": "maintenance.vector_cells", "schedule": 600.0}
+    assert MaintenanceSettings().vector_cells_min_rows == 200_000
+    off = MaintenanceSettings.model_validate({"VECTOR_CELLS_INTERVAL": "PT0S"})
+    assert "maintenance.vector_cells" not in beat_schedule(off)

@@ -68,6 +68,8 @@ TABLES: dict[str, str] = {
     "api_keys": REFERENCE,
     "key_groups": REFERENCE,
     "key_group_members": REFERENCE,
+    # The cells index's centroids (0033): read by its function on every node's writes.
+    "vector_cells": REFERENCE,
     "oauth_clients": LOCAL,
     "oauth_codes": LOCAL,
     "oauth_tokens": LOCAL,

@@ -267,9 +267,11 @@ class _Counting:
         self.real = vector_search.scope_size
         monkeypatch.setattr(vector_search, "scope_size", self)
 
-    async def __call__(self, conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, limit: int) -> tuple[int, int] | None:
+    async def __call__(
+        self, conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, limit: int, cells: int | None = None,
+    ) -> tuple[int, int] | None:
         self.floors.append(flt.min_importance)
-        return await self.real(conn, principal, flt, limit)
+        return await self.real(conn, principal, flt, limit, cells)
 
 
 async def test_a_scope_count_decides_the_plan_at_the_floors_it_bounds(

@@ -1,13 +1,15 @@
-"""bench.vector_cells' parts: the cells the centroids give, the probed cells' order, and the
-measured ranking from a few cells against the exact one on a real Postgres (every cell probed
-is the exact ranking; one probed cell returns that cell's rows alone)."""
+"""bench.vector_cells' parts: the centroids (vector_cells.train, as the worker trains them),
+the cells they give, the probed cells' order, and the measured ranking from a few cells
+against the exact one on a real Postgres (every cell probed is the exact ranking; one probed
+cell returns that cell's rows alone)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from bench.vector_cells import cells_of, measure_scope, probed_cells, spherical_kmeans
+from bench.vector_cells import cells_of, measure_scope, probed_cells
 from shared.db import create_pool
+from shared.repositories.vector_cells import train
 from tests.support import Stack
 
 
@@ -21,15 +23,18 @@ def _clustered(rng: np.random.Generator, centres: int, per: int, dims: int = 384
     return _unit(np.repeat(anchors, per, axis=0) + 0.01 * rng.standard_normal((centres * per, dims)))
 
 
-def test_kmeans_finds_well_separated_groups_and_cells_follow_the_nearest_centroid() -> None:
+def test_trained_centroids_are_unit_and_cells_follow_the_nearest_centroid() -> None:
     rng = np.random.default_rng(1)
     x = _clustered(rng, centres=4, per=50)
-    centroids = spherical_kmeans(x, 4, seed=2)
+    centroids = train(x, 4, seed=2)
+    assert centroids.shape == (4, 384) and centroids.dtype == np.float32
     assert np.allclose(np.linalg.norm(centroids, axis=1), 1.0, atol=1e-5)
     cells = cells_of(x, centroids)
-    for group in range(4):  # each group of 50 lands in one cell, and no two groups share one
-        assert len(set(cells[group * 50:(group + 1) * 50])) == 1
-    assert len(set(cells)) == 4
+    assert list(cells) == list(np.argmax(x @ centroids.T, axis=1))
+    # each centroid is the mean direction of its cell's rows (spherical k-means' fixed point)
+    for cell in set(cells.tolist()):
+        mean = x[cells == cell].mean(axis=0)
+        assert float(centroids[cell] @ (mean / np.linalg.norm(mean))) > 0.999
     query = x[0]
     assert probed_cells(query, centroids, 1) == [int(cells[0])]
     order = probed_cells(query, centroids, 4)
@@ -43,7 +48,8 @@ async def test_every_cell_probed_is_the_exact_ranking_and_one_cell_is_its_own_ro
     vectors = _clustered(rng, centres=8, per=40)
     ids = [f"f{i}" for i in range(len(vectors))]
     importance = [float(w) for w in rng.uniform(0.0, 1.0, len(vectors))]
-    centroids = spherical_kmeans(vectors, 8, seed=4)
+    # the groups' own directions, so that each cell is one group of 40
+    centroids = _unit(np.stack([vectors[g * 40:(g + 1) * 40].mean(axis=0) for g in range(8)]))
     queries = [_unit(vectors[i] + 0.1 * rng.standard_normal(384)) for i in (0, 41, 95, 200, 300)]
     pool = await create_pool(stack.database_url, min_size=1, max_size=1)
     try:
