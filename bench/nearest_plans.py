@@ -1,14 +1,16 @@
-"""nearest()'s two plans on one store, each forced in turn for every query of the filtered suite:
-the exact ranking (fragments_scope_vectors' half vectors)
-and the HNSW walk, by scope size: where the exact cap belongs.
+"""nearest()'s plans on one store, each forced in turn for every query of the filtered suite:
+the exact ranking (fragments_scope_vectors' half vectors), the HNSW walk, and with the store's
+cells index (vector_cells) what nearest() then does, by scope size: where the caps belong.
 
-    python -m bench.nearest_plans --database-url DSN --namespace NS [--queries 300] [--seed 101]
+    python -m bench.nearest_plans --database-url DSN --namespace NS [--queries 300] [--seed 101] [--plans exact,graph,cells]
 
 NS is the namespace of an earlier `bench.recall_load` / `bench.growth_bench` load. A plan is
 forced through nearest()'s `scope_rows` (the count the statement decides by); the scope's true
 size is counted apart. The plans run one after the other per query, their order rotating, on
 one connection. Overlap is with the exact ranking's ids: the share of its top k (and top 10) a
-plan returns.
+plan returns. `cells` is nearest() with the valid cells version and the scope's count as recall
+takes it (the true size, up to one past CELLS_COUNT_BOUND): exact up to CELLS_EXACT_ROWS, past
+it the nearest cells.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from shared.db import create_pool
 from shared.domain.principal import Principal, SqlParams
 from shared.domain.search import FragmentFilter
 from shared.embeddings import load_embedder
-from shared.repositories import vector_search
+from shared.repositories import vector_cells, vector_search
 from shared.repositories.fragments import filter_clauses
 from shared.repositories.type_graphs import FRAGMENT_TYPES
 from shared.settings import RecallSettings
@@ -73,6 +75,10 @@ async def run(database_url: str, namespace: str, count: int, seed: int, plans: l
     queries = filtered_queries(memories, count, seed=seed + 3)
     principal = Principal.master()
     forced = {"exact": 0, "graph": 10**9}
+    async with pool.acquire() as conn:
+        version = await vector_cells.current(conn)
+    if "cells" in plans and version is None:
+        raise SystemExit("the store has no valid cells index (maintenance.vector_cells builds it past VECTOR_CELLS_MIN_ROWS)")
     times: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     overlap: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
     async with pool.acquire() as conn:
@@ -80,12 +86,17 @@ async def run(database_url: str, namespace: str, count: int, seed: int, plans: l
             args = scope_query(query, namespace)
             flt = FragmentFilter(workspace=args["workspace"], types=(args["type"],), min_importance=args["minImportance"])
             vector = embedder.embed([args["text"]])[0]
-            bucket = _bucket(await _true_rows(conn, principal, flt))
+            true_rows = await _true_rows(conn, principal, flt)
+            bucket = _bucket(true_rows)
             got: dict[str, list[str]] = {}
             order = plans[i % len(plans):] + plans[: i % len(plans)]
             for plan in order:
                 began = time.perf_counter()
-                hits = await vector_search.nearest(conn, principal, flt, vector, K, forced[plan])
+                if plan == "cells":
+                    counted = min(true_rows, vector_search.CELLS_COUNT_BOUND + 1)
+                    hits = await vector_search.nearest(conn, principal, flt, vector, K, counted, cells=version)
+                else:
+                    hits = await vector_search.nearest(conn, principal, flt, vector, K, forced[plan])
                 times[bucket][plan].append((time.perf_counter() - began) * 1000)
                 got[plan] = [fid for fid, _ in hits]
             truth = got.get("exact")
@@ -118,7 +129,7 @@ def main() -> None:
     parser.add_argument("--namespace", required=True)
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--seed", type=int, default=101)
-    parser.add_argument("--plans", default="exact,graph", help="comma-separated, of exact, graph")
+    parser.add_argument("--plans", default="exact,graph", help="comma-separated, of exact, graph, cells")
     args = parser.parse_args()
     asyncio.run(run(args.database_url, args.namespace, args.queries, args.seed, args.plans.split(",")))
 
