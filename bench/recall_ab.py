@@ -24,6 +24,7 @@ import asyncio
 import importlib
 import statistics
 import subprocess
+import sys
 import time
 import types
 from collections.abc import Callable, Iterator
@@ -56,6 +57,8 @@ def module_at(rev: str, path: str, root: Path = ROOT) -> types.ModuleType:
     source = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=root, check=True, capture_output=True, text=True).stdout
     module = types.ModuleType(f"{_module_name(path)}@{rev}")
     module.__file__ = str(root / path)
+    # Registered under its own name: a dataclass looks its module up in sys.modules.
+    sys.modules[module.__name__] = module
     exec(compile(source, f"{path}@{rev}", "exec"), module.__dict__)
     return module
 

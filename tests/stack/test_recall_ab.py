@@ -44,6 +44,20 @@ def test_a_module_is_loaded_as_it_was_at_the_revision(tmp_path: Path) -> None:
         module_at(first, "pkg/missing.py", root=tmp_path)
 
 
+def test_a_module_with_a_dataclass_loads_at_a_revision(tmp_path: Path) -> None:
+    """A dataclass looks its module up in sys.modules (services/recall/search.py has several)."""
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "config", "user.email", "bench@example.invalid")
+    _git(tmp_path, "config", "user.name", "bench")
+    module = tmp_path / "pkg" / "shapes.py"
+    module.parent.mkdir()
+    module.write_text("from dataclasses import dataclass\n\n@dataclass\nclass Box:\n    side: int = 2\n")
+    _git(tmp_path, "add", ".")
+    _git(tmp_path, "commit", "-qm", "first")
+    loaded = module_at("HEAD", "pkg/shapes.py", root=tmp_path)
+    assert loaded.Box().side == 2 and loaded.Box.__module__ == loaded.__name__
+
+
 def test_the_versions_alternate_abba() -> None:
     order = "".join(variant(i) for i in range(12))
     assert order == "ABBAABBAABBA"
