@@ -22,16 +22,22 @@ def _git(root: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout.strip()
 
 
+def _repository_with(root: Path, path: str, text: str) -> Path:
+    """A new git repository at `root` whose first commit holds `text` at `path`."""
+    _git(root, "init", "-q")
+    _git(root, "config", "user.email", "bench@example.invalid")
+    _git(root, "config", "user.name", "bench")
+    module = root / path
+    module.parent.mkdir()
+    module.write_text(text)
+    _git(root, "add", ".")
+    _git(root, "commit", "-qm", "first")
+    return module
+
+
 def test_a_module_is_loaded_as_it_was_at_the_revision(tmp_path: Path) -> None:
     """A at REV, B in the working tree: the file on disk has moved on, the loaded module has not."""
-    _git(tmp_path, "init", "-q")
-    _git(tmp_path, "config", "user.email", "bench@example.invalid")
-    _git(tmp_path, "config", "user.name", "bench")
-    module = tmp_path / "pkg" / "layer.py"
-    module.parent.mkdir()
-    module.write_text("LIMIT = 60\n\ndef depth() -> int:\n    return LIMIT\n")
-    _git(tmp_path, "add", ".")
-    _git(tmp_path, "commit", "-qm", "first")
+    module = _repository_with(tmp_path, "pkg/layer.py", "LIMIT = 60\n\ndef depth() -> int:\n    return LIMIT\n")
     first = _git(tmp_path, "rev-parse", "HEAD")
     module.write_text("LIMIT = 80\n\ndef depth() -> int:\n    return LIMIT\n")
     _git(tmp_path, "commit", "-qam", "second")
@@ -46,14 +52,7 @@ def test_a_module_is_loaded_as_it_was_at_the_revision(tmp_path: Path) -> None:
 
 def test_a_module_with_a_dataclass_loads_at_a_revision(tmp_path: Path) -> None:
     """A dataclass looks its module up in sys.modules (services/recall/search.py has several)."""
-    _git(tmp_path, "init", "-q")
-    _git(tmp_path, "config", "user.email", "bench@example.invalid")
-    _git(tmp_path, "config", "user.name", "bench")
-    module = tmp_path / "pkg" / "shapes.py"
-    module.parent.mkdir()
-    module.write_text("from dataclasses import dataclass\n\n@dataclass\nclass Box:\n    side: int = 2\n")
-    _git(tmp_path, "add", ".")
-    _git(tmp_path, "commit", "-qm", "first")
+    _repository_with(tmp_path, "pkg/shapes.py", "from dataclasses import dataclass\n\n@dataclass\nclass Box:\n    side: int = 2\n")
     loaded = module_at("HEAD", "pkg/shapes.py", root=tmp_path)
     assert loaded.Box().side == 2 and loaded.Box.__module__ == loaded.__name__
 
