@@ -81,7 +81,10 @@ CELLS_EXACT_ROWS = 15_000
 # CELL_ROWS / the scope's rows, at least MIN_CELL_SHARE (all of them for a scope this small).
 CELL_ROWS = 8_000
 MIN_CELL_SHARE = 0.125
-# With cells, scopes are counted up to where the share stops falling (64k rows).
+# With cells, scopes are counted up to where the share stops falling (64k rows): ~11 ms of
+# Postgres at 64k, paid on a miss of recall's count cache (ScopeSizes). Counting the scope's
+# rows cell by cell inside the statement instead, until the cells held CELL_ROWS, cost more
+# per recall at 1M (bench/README.md, session 41).
 CELLS_COUNT_BOUND = int(CELL_ROWS / MIN_CELL_SHARE)
 
 
