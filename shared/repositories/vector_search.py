@@ -40,7 +40,7 @@ import numpy as np
 from shared.domain.principal import Principal, SqlParams, scope_clause, scope_workspace_ranges, workspace_ranges
 from shared.domain.search import FragmentFilter
 from shared.repositories.fragments import filter_clauses, narrowing_clauses
-from shared.repositories.type_graphs import GRAPH_PREFIX
+from shared.repositories.type_graphs import FRAGMENT_TYPES, GRAPH_PREFIX
 from shared.repositories.vector_cells import cell_of
 
 # Scopes up to this many rows are always ranked exactly, whatever the table's size: reading
@@ -217,9 +217,13 @@ def _cells_branch(
         f" WHERE (SELECT rows FROM n) <= {CELLS_EXACT_ROWS} AND {rng} AND {narrowing}"
         for rng in ranges
     ) or NO_ROWS
+    # The cell follows the type in the index: a scope of any type names every type, so that the
+    # cells are an index condition. Without it a scope of no type read the index's range by a
+    # filter that computed each row's cell (the suite's store, session 41).
+    kinds = "" if flt.types else f" AND f.type = ANY({params.add(list(FRAGMENT_TYPES))}::text[])"
     probed = " UNION ALL ".join(
         f"SELECT f.id, f.embedding_half <=> {half} AS distance FROM fragments f"
-        f" WHERE (SELECT rows FROM n) > {CELLS_EXACT_ROWS} AND {rng}"
+        f" WHERE (SELECT rows FROM n) > {CELLS_EXACT_ROWS} AND {rng}{kinds}"
         f" AND {cell_of(cells, 'f.embedding_half')} = ANY((SELECT cells FROM probe)::integer[]) AND {narrowing}"
         for rng in ranges
     ) or NO_ROWS
