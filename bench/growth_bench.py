@@ -171,12 +171,12 @@ async def top_up(database_url: str, memories: list[Memory], namespace: str, embe
         await conn.execute("VACUUM (ANALYZE) fragments, fragment_terms, fragment_passages")
         print(f"  VACUUM (ANALYZE) in {time.perf_counter() - began:.0f} s", flush=True)
         # The type graphs the maintenance worker would build within its next interval (the
-        # types past TYPE_GRAPH_MIN_ROWS now) and its cells index, built here so that nothing is timed beside them.
+        # types past TYPE_GRAPH_MIN_ROWS now) and its cells index (past VECTOR_CELLS_MIN_ROWS),
+        # built here so that nothing is timed beside them.
         began = time.perf_counter()
         built_types = await type_graphs.ensure_type_graphs(conn, TYPE_GRAPH_MIN_ROWS, concurrently=False)
         if built_types:
             print(f"  type graphs {', '.join(built_types)} built in {time.perf_counter() - began:.0f} s", flush=True)
-        # And the cells index, once the store is past VECTOR_CELLS_MIN_ROWS.
         began = time.perf_counter()
         version = await vector_cells.ensure_cells(conn, VECTOR_CELLS_MIN_ROWS, concurrently=False)
         if version is not None:

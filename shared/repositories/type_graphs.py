@@ -21,7 +21,7 @@ from typing import get_args
 import asyncpg
 
 from shared.domain.fragment import FragmentType
-from shared.repositories import locks
+from shared.repositories import fragment_indexes, locks
 
 logger = logging.getLogger(__name__)
 
@@ -36,13 +36,7 @@ FRAGMENT_TYPES: tuple[str, ...] = get_args(FragmentType)
 async def existing(conn: asyncpg.Connection) -> dict[str, bool]:
     """The type graphs there are, by type: valid, or left invalid by a concurrent build that
     did not finish."""
-    rows = await conn.fetch(
-        """
-        SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-        WHERE i.indrelid = 'fragments'::regclass AND c.relname LIKE 'fragments\\_embedding\\_hnsw\\_%'
-        """
-    )
-    return {r["relname"].removeprefix(GRAPH_PREFIX): bool(r["indisvalid"]) for r in rows}
+    return await fragment_indexes.by_prefix(conn, GRAPH_PREFIX)
 
 
 async def estimated_rows(conn: asyncpg.Connection) -> dict[str, int]:

@@ -26,12 +26,11 @@ graphs do; no caller reads them.
 from __future__ import annotations
 
 import logging
-import re
 
 import asyncpg
 import numpy as np
 
-from shared.repositories import locks
+from shared.repositories import fragment_indexes, locks
 
 logger = logging.getLogger(__name__)
 
@@ -80,17 +79,8 @@ def train(vectors: np.ndarray, cells: int = CELLS, seed: int = 0) -> np.ndarray:
 async def existing(conn: asyncpg.Connection) -> dict[int, bool]:
     """The cells indexes there are, by version: valid, or left invalid by a concurrent build
     that did not finish."""
-    rows = await conn.fetch(
-        """
-        SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-        WHERE i.indrelid = 'fragments'::regclass AND c.relname LIKE 'fragments\\_cells\\_v%'
-        """
-    )
-    found: dict[int, bool] = {}
-    for r in rows:
-        if (m := re.fullmatch(rf"{INDEX_PREFIX}(\d+)", r["relname"])) is not None:
-            found[int(m.group(1))] = bool(r["indisvalid"])
-    return found
+    found = await fragment_indexes.by_prefix(conn, INDEX_PREFIX)
+    return {int(version): valid for version, valid in found.items() if version.isdigit()}
 
 
 async def current(conn: asyncpg.Connection) -> int | None:
