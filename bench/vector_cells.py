@@ -122,9 +122,9 @@ async def run(
     try:
         async with pool.acquire() as conn:
             drawn = await conn.fetch(
-                "SELECT embedding_half FROM fragments WHERE embedding_half IS NOT NULL AND workspace LIKE $1 || '-%' "
+                "SELECT embedding FROM fragments WHERE embedding IS NOT NULL AND workspace LIKE $1 || '-%' "
                 "ORDER BY md5(id) LIMIT $2", namespace, sample)
-            train = np.stack([np.asarray(r["embedding_half"].to_numpy(), dtype=np.float32) for r in drawn])
+            train = np.stack([np.asarray(r["embedding"].to_numpy(), dtype=np.float32) for r in drawn])
             began = time.perf_counter()
             centroids = vector_cells.train(train / np.linalg.norm(train, axis=1, keepdims=True), n_cells, seed=seed)
             print(f"{n_cells} cells from {len(train)} sampled embeddings ({time.perf_counter() - began:.1f} s)")
@@ -133,14 +133,14 @@ async def run(
             queries = [np.asarray(embedder.embed([q])[0], dtype=np.float32) for q in questions]
             largest = await conn.fetch(
                 "SELECT workspace, type, count(*) AS n FROM fragments WHERE key_id IS NULL AND workspace LIKE $1 || '-%' "
-                "AND embedding_half IS NOT NULL AND valid_to IS NULL GROUP BY 1, 2 ORDER BY 3 DESC LIMIT $2", namespace, scopes)
+                "AND embedding IS NOT NULL AND valid_to IS NULL GROUP BY 1, 2 ORDER BY 3 DESC LIMIT $2", namespace, scopes)
             print(f"{n_queries} questions, importance >= {floor}, k = {LAYER_DEPTH}; ms p50 / p95, overlap with the exact "
                   f"top {LAYER_DEPTH} / top 10, share of the scope's rows in the probed cells")
             for scope in largest:
                 rows = await conn.fetch(
-                    "SELECT id, importance, embedding_half FROM fragments WHERE key_id IS NULL AND workspace = $1 AND type = $2 "
-                    "AND embedding_half IS NOT NULL AND valid_to IS NULL", scope["workspace"], scope["type"])
-                vectors = np.stack([np.asarray(r["embedding_half"].to_numpy(), dtype=np.float32) for r in rows])
+                    "SELECT id, importance, embedding FROM fragments WHERE key_id IS NULL AND workspace = $1 AND type = $2 "
+                    "AND embedding IS NOT NULL AND valid_to IS NULL", scope["workspace"], scope["type"])
+                vectors = np.stack([np.asarray(r["embedding"].to_numpy(), dtype=np.float32) for r in rows])
                 result = await measure_scope(
                     conn, table, [r["id"] for r in rows], [float(r["importance"]) for r in rows], vectors, centroids,
                     queries, probes, floor)

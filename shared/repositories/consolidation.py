@@ -238,7 +238,7 @@ async def group_members(conn: asyncpg.Connection, groups: list[tuple[str | None,
         return []
     return await conn.fetch(
         f"""
-        SELECT f.id, f.key_id, f.workspace, f.topic, f.type, f.content, f.embedding, f.is_anchor,
+        SELECT f.id, f.key_id, f.workspace, f.topic, f.type, f.content, f.embedding::vector AS embedding, f.is_anchor,
                f.importance, f.access_count, f.created_at, f.session_id, (m.upto IS NULL OR f.created_at > m.upto) AS is_new
         FROM fragments f
         JOIN unnest($1::text[], $2::text[], $3::text[]) AS g(k, w, t)
@@ -358,7 +358,7 @@ async def store_embeddings(conn: asyncpg.Connection, ids: list[str], vectors: li
     async with conn.transaction():
         # executemany: the pgvector codec encodes one vector per parameter, not vector[].
         await conn.executemany(
-            "UPDATE fragments SET embedding = $2 WHERE id = $1 AND embedding IS NULL",
+            "UPDATE fragments SET embedding = $2::vector WHERE id = $1 AND embedding IS NULL",
             [(i, v) for i, (v, _) in zip(ids, vectors, strict=True)],
         )
         await fragments_repo.replace_passages(conn, [(i, p) for i, (_, p) in zip(ids, vectors, strict=True)])

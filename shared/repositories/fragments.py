@@ -211,10 +211,10 @@ async def vector_candidates(
     where = filter_clauses(principal, flt, params)
     sql = f"""
         WITH nearest AS MATERIALIZED (
-            SELECT f.id, f.embedding <=> {vec} AS distance
+            SELECT f.id, f.embedding <=> {vec}::vector::halfvec AS distance
             FROM fragments f
             WHERE f.embedding IS NOT NULL AND {' AND '.join(where)}
-            ORDER BY f.embedding <=> {vec}
+            ORDER BY f.embedding <=> {vec}::vector::halfvec
             LIMIT {params.add(limit)}
         )
         SELECT id, distance FROM nearest ORDER BY distance + 0

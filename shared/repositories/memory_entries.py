@@ -135,7 +135,8 @@ async def get_entry(
     params = SqlParams()
     where = f"f.id = {params.add(entry_id)} AND {_in_namespace(scope, namespace_id, params)}"
     suffix = " FOR UPDATE" if lock else ""
-    return await conn.fetchrow(f"SELECT {ENTRY_COLUMNS}, f.embedding FROM fragments f WHERE {where}{suffix}", *params.values)
+    sql = f"SELECT {ENTRY_COLUMNS}, f.embedding::vector AS embedding FROM fragments f WHERE {where}{suffix}"
+    return await conn.fetchrow(sql, *params.values)
 
 
 async def by_ids(conn: asyncpg.Connection, scope: TenantScope, ids: list[str]) -> dict[str, asyncpg.Record]:
@@ -157,7 +158,7 @@ async def update_entry(conn: asyncpg.Connection, entry_id: str, changes: dict[st
         if column in changes:
             sets.append(f"{column} = {params.add(changes[column])}")
     if "embedding" in changes:
-        sets.append(f"embedding = {params.add(_vector(changes['embedding']))}")
+        sets.append(f"embedding = {params.add(_vector(changes['embedding']))}::vector")
     if "metadata" in changes:
         sets.append(f"metadata = {params.add(json.dumps(changes['metadata'], ensure_ascii=False))}::jsonb")
     sets.append("updated_at = now()")
@@ -230,7 +231,7 @@ async def newest_auto(
     """The namespace's most recently updated auto entries (consolidation's working set)."""
     params = SqlParams()
     where = f"{_in_namespace(scope, namespace_id, params)} AND f.source IS DISTINCT FROM 'manual'"
-    columns = ENTRY_COLUMNS + (", f.embedding" if with_embedding else "")
+    columns = ENTRY_COLUMNS + (", f.embedding::vector AS embedding" if with_embedding else "")
     sql = f"SELECT {columns} FROM fragments f WHERE {where} ORDER BY f.updated_at DESC, f.id DESC LIMIT {params.add(limit)}"
     return await conn.fetch(sql, *params.values)
 

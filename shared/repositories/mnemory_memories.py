@@ -98,9 +98,9 @@ async def search(
     where = _where(principal.reads, flt, params)
     rows = await conn.fetch(
         f"""
-        SELECT {MEMORY_COLUMNS}, 1 - (f.embedding <=> {vec}) AS score FROM {_FROM}
+        SELECT {MEMORY_COLUMNS}, 1 - (f.embedding <=> {vec}::vector::halfvec) AS score FROM {_FROM}
         WHERE f.embedding IS NOT NULL AND {where}
-        ORDER BY f.embedding <=> {vec} LIMIT {params.add(limit)}
+        ORDER BY f.embedding <=> {vec}::vector::halfvec LIMIT {params.add(limit)}
         """,
         *params.values,
     )

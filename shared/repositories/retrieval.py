@@ -305,8 +305,9 @@ async def pool_rows(
     cosine = passage_cosine = "NULL::float8"
     if embedding is not None:
         vec = params.add(embedding)
-        cosine = f"1 - (f.embedding <=> {vec})"
-        passage_cosine = f"(SELECT max(1 - (p.embedding <=> {vec})) FROM fragment_passages p WHERE p.fragment_id = f.id)"
+        # The fragment's vector is half precision (migration 0034), its passages' are float.
+        cosine = f"1 - (f.embedding <=> {vec}::vector::halfvec)"
+        passage_cosine = f"(SELECT max(1 - (p.embedding <=> {vec}::vector)) FROM fragment_passages p WHERE p.fragment_id = f.id)"
     # Passages are read only while the fragment's own embedding is current (a content change
     # clears the embedding until the backfill replaces both).
     sql = f"""

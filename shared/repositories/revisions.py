@@ -26,7 +26,7 @@ async def lock_owned(conn: asyncpg.Connection, principal: Principal, fragment_id
     params = SqlParams()
     return await conn.fetchrow(
         f"""
-        SELECT {FRAGMENT_COLUMNS}, f.content_hash, f.embedding FROM fragments f
+        SELECT {FRAGMENT_COLUMNS}, f.content_hash, f.embedding::vector AS embedding FROM fragments f
         WHERE f.id = {params.add(fragment_id)} AND {scope_clause(principal.writes, params)}
         FOR UPDATE
         """,

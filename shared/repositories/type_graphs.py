@@ -58,7 +58,7 @@ def _definition(kind: str, concurrently: bool) -> str:
     # The whole graph's operator class and parameters (0028).
     return (
         f"CREATE INDEX {'CONCURRENTLY ' if concurrently else ''}IF NOT EXISTS {GRAPH_PREFIX}{kind} ON fragments"
-        f" USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64) WHERE type = '{kind}'"
+        f" USING hnsw (embedding halfvec_cosine_ops) WITH (m = 16, ef_construction = 64) WHERE type = '{kind}'"
     )
 
 

@@ -125,8 +125,8 @@ async def build(conn: asyncpg.Connection, centroids: np.ndarray, *, concurrently
         )
     await conn.execute(
         f"CREATE INDEX {'CONCURRENTLY ' if concurrently else ''}{index_name(version)} ON fragments"
-        f" (key_id, workspace, type, {cell_of(version, 'embedding_half')}, importance)"
-        " INCLUDE (valid_to, scope, session_id, id, embedding_half) WHERE embedding_half IS NOT NULL",
+        f" (key_id, workspace, type, {cell_of(version, 'embedding')}, importance)"
+        " INCLUDE (valid_to, scope, session_id, id, embedding) WHERE embedding IS NOT NULL",
         timeout=BUILD_TIMEOUT_S,
     )
     return version

@@ -13,11 +13,9 @@ row count from pg_class: of the scope's type graph when it names one type that h
 graph (type_graphs), else of the table.
 
 The exact ranking reads its rows from fragments_scope_vectors, a btree over (tenant,
-workspace, type, importance) that carries each row's embedding in half precision and the
-columns the filters test, so a scope is one contiguous index range read index-only, ranked
-by those half-precision vectors: its order and similarities are the half vectors' (a
-similarity within ~1e-4 of the float one; recall scores its pool by the float cosines that
-pool_rows reads). From the heap the scope cost one page per row (a tenant's rows are
+workspace, type, importance) that carries each row's embedding (half precision, as the
+table stores it since migration 0034) and the columns the filters test, so a scope is one
+contiguous index range read index-only. From the heap the scope cost one page per row (a tenant's rows are
 interleaved with everyone else's): at 1M, 14k pages for a scope of 14k rows. The scope is
 written as disjoint ranges of that index (scope_workspace_ranges, whose union is
 filter_clauses' tenant and workspace scope): an OR of ranges would be a bitmap scan, back on
@@ -70,9 +68,7 @@ EXACT_WEIGHT = 48.0
 # orders held the same top 10, 30 and 60 ids in every query, in another order within the list
 # in 41 of 200 (ties to the fourth decimal), the similarities within 5.7e-5; the re-rank's heap
 # reads cost 1.3-2.4 ms of nearest() p50 by scope size, each query run by both in turn
-# (bench/README.md, session 27). recall uses this list for which ids join its pool and which
-# seed the graph and neighbour lookups, and ranks the pool by pool_rows' float cosines, so
-# the half order is what it returns.
+# (bench/README.md, session 27). Since migration 0034 the half vector is the only one stored.
 
 
 # With cells: scopes up to this many rows are ranked exactly, larger ones from their cells.
@@ -147,9 +143,9 @@ def _graph(vec: str, where: str, k: str, gate: str = "") -> str:
     materialized CTE's ORDER BY up as a sort order and would skip a plain `ORDER BY distance`
     (pgvector's README, "Iterative index scans"; a clean-clone run returned 0.587 above 0.638)."""
     return f"""
-        SELECT f.id, f.embedding <=> {vec} AS distance FROM fragments f
+        SELECT f.id, f.embedding <=> {vec}::vector::halfvec AS distance FROM fragments f
         WHERE {gate}f.embedding IS NOT NULL AND {where}
-        ORDER BY f.embedding <=> {vec} LIMIT {k}
+        ORDER BY f.embedding <=> {vec}::vector::halfvec LIMIT {k}
     """
 
 
@@ -209,11 +205,11 @@ def _cells_branch(
     exact one fragments_scope_vectors', the other the cells index's, with the cells in its
     index condition (the cell function's COST keeps every other plan dearer: none computes a
     row's cell as it reads it)."""
-    narrowing = " AND ".join(["f.embedding_half IS NOT NULL", *narrowing_clauses(flt, params)])
+    narrowing = " AND ".join(["f.embedding IS NOT NULL", *narrowing_clauses(flt, params)])
     ranges = scope_workspace_ranges(principal.reads, flt.workspace, params)
     half = f"{vec}::vector::halfvec"
     exact = " UNION ALL ".join(
-        f"SELECT f.id, f.embedding_half <=> {half} AS distance FROM fragments f"
+        f"SELECT f.id, f.embedding <=> {half} AS distance FROM fragments f"
         f" WHERE (SELECT rows FROM n) <= {CELLS_EXACT_ROWS} AND {rng} AND {narrowing}"
         for rng in ranges
     ) or NO_ROWS
@@ -222,9 +218,9 @@ def _cells_branch(
     # filter that computed each row's cell (the suite's store, session 41).
     kinds = "" if flt.types else f" AND f.type = ANY({params.add(list(FRAGMENT_TYPES))}::text[])"
     probed = " UNION ALL ".join(
-        f"SELECT f.id, f.embedding_half <=> {half} AS distance FROM fragments f"
+        f"SELECT f.id, f.embedding <=> {half} AS distance FROM fragments f"
         f" WHERE (SELECT rows FROM n) > {CELLS_EXACT_ROWS} AND {rng}{kinds}"
-        f" AND {cell_of(cells, 'f.embedding_half')} = ANY((SELECT cells FROM probe)::integer[]) AND {narrowing}"
+        f" AND {cell_of(cells, 'f.embedding')} = ANY((SELECT cells FROM probe)::integer[]) AND {narrowing}"
         for rng in ranges
     ) or NO_ROWS
     share = f"greatest({MIN_CELL_SHARE}, least(1.0, {CELL_ROWS}::float8 / greatest((SELECT rows FROM n), 1)))"
@@ -267,11 +263,10 @@ def nearest_statement(
     if cells is not None:
         return _cells_branch(principal, flt, vec, k, counts, cells, params), params.values
     where = " AND ".join(filter_clauses(principal, flt, params))
-    # embedding_half, not embedding: the covering index carries the one, not the other.
-    narrowing = " AND ".join(["f.embedding_half IS NOT NULL", *narrowing_clauses(flt, params)])
+    narrowing = " AND ".join(["f.embedding IS NOT NULL", *narrowing_clauses(flt, params)])
     ranges = scope_workspace_ranges(principal.reads, flt.workspace, params)
     exact = " UNION ALL ".join(
-        f"SELECT f.id, f.embedding_half <=> {vec}::vector::halfvec AS distance FROM fragments f"
+        f"SELECT f.id, f.embedding <=> {vec}::vector::halfvec AS distance FROM fragments f"
         f" WHERE (SELECT rows FROM n) <= (SELECT cap FROM t) AND {rng} AND {narrowing}"
         for rng in ranges
     ) or NO_ROWS

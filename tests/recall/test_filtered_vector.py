@@ -209,7 +209,7 @@ async def test_a_broad_scope_walks_the_index_and_still_fills_k(tenants: Tenants,
     assert await _executed(tenants.conn, tenants.principal, flt, query, 8) == {"hnsw"}
     assert len(got) == 8  # the filters inside the scan: selective or not, k rows come back
     assert {i for i, _ in got} <= {i for i, (t, imp, _) in rows.items() if t == "fact" and imp >= 0.4}
-    assert all(sim == pytest.approx(float(np.dot(query, rows[i][2])), abs=1e-5) for i, sim in got)
+    assert all(sim == pytest.approx(float(np.dot(query, rows[i][2])), abs=HALF_SIMILARITY) for i, sim in got)
     sims = [s for _, s in got]
     assert sims == sorted(sims, reverse=True)
     assert not set(foreign) & {i for i, _ in got}
@@ -536,7 +536,7 @@ async def test_a_type_gets_its_graph_once_it_has_the_rows(tenants: Tenants) -> N
     assert set(graphs) == {"fragments_embedding_hnsw"} | {f"fragments_embedding_hnsw_{t}" for t in have}
     for t in have:
         definition = graphs[f"fragments_embedding_hnsw_{t}"]
-        assert "(embedding vector_cosine_ops)" in definition
+        assert "(embedding halfvec_cosine_ops)" in definition
         assert definition.endswith(f"WHERE (type = '{t}'::text)"), definition
     assert await type_graphs.existing(conn) == dict.fromkeys(have, True)
     assert await type_graphs.ensure_type_graphs(conn, 1) == []  # nothing left to build
@@ -611,16 +611,20 @@ async def test_nearest_is_planned_for_its_parameters_every_time(tenants: Tenants
     assert plans["generic"] == 0 and plans["custom"] >= 8, dict(plans)
 
 
+def _cos(x: np.ndarray, y: np.ndarray) -> float:
+    return float(np.dot(x, y) / (np.linalg.norm(x) * np.linalg.norm(y)))
+
+
+def _half(x: np.ndarray) -> np.ndarray:
+    """A vector as halfvec stores it (float16), back in float32."""
+    return x.astype(np.float16).astype(np.float32)
+
+
 def _half_flip(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A query and two vectors a, b where a is nearer in float and b in half precision (each
     cosine computed from the vectors rounded to float16, as halfvec's is)."""
     rng = np.random.default_rng(seed)
-
-    def cos(x: np.ndarray, y: np.ndarray) -> float:
-        return float(np.dot(x, y) / (np.linalg.norm(x) * np.linalg.norm(y)))
-
-    def half(x: np.ndarray) -> np.ndarray:
-        return x.astype(np.float16).astype(np.float32)
+    cos, half = _cos, _half
 
     for _ in range(100_000):
         query = _unit(rng.normal(size=DIM))
@@ -633,11 +637,11 @@ def _half_flip(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     raise AssertionError("no pair found whose order half precision flips")
 
 
-async def test_the_exact_ranking_is_the_half_order_and_the_pool_reads_float_cosines(tenants: Tenants) -> None:
-    """The scope is ranked by its half-precision copies (fragments_scope_vectors, migration
-    0027), with no re-rank by the float vectors: a pair whose order half precision flips comes
-    back in half order, each similarity within HALF_SIMILARITY of the float one. recall ranks
-    its pool by pool_rows' cosines, which are the float vectors' own."""
+async def test_the_exact_ranking_and_the_pool_read_the_stored_half_vectors(tenants: Tenants) -> None:
+    """A fragment's embedding is stored in half precision only (migration 0034): a pair whose
+    order half precision flips comes back from the exact ranking in half order, each similarity
+    within HALF_SIMILARITY of the float one, and pool_rows' cosines, by which recall ranks its
+    pool, are the same half vectors' (the two layers can no longer disagree on the order)."""
     query, a, b = _half_flip(seed=11)
     ws = unique()
     id_a, id_b = await _store(tenants.conn, tenants.mine, ws, [("fact", 0.5, a), ("fact", 0.5, b)])
@@ -652,5 +656,12 @@ async def test_the_exact_ranking_is_the_half_order_and_the_pool_reads_float_cosi
     one = await vector_search.nearest(tenants.conn, tenants.principal, flt, query, 1)
     assert [i for i, _ in one] == [id_b]
 
+    halves = {id_a: _cos(_half(query), _half(a)), id_b: _cos(_half(query), _half(b))}
     pooled = await retrieval.pool_rows(tenants.conn, tenants.principal, [id_a, id_b], [], query)
-    assert {i: r.cosine for i, r in pooled.items()} == pytest.approx(floats, abs=1e-6)
+    assert {i: r.cosine for i, r in pooled.items()} == pytest.approx(halves, abs=1e-6)
+    assert pooled[id_b].cosine > pooled[id_a].cosine
+    assert await tenants.conn.fetchval(
+        "SELECT format_type(atttypid, atttypmod) FROM pg_attribute"
+        " WHERE attrelid = 'fragments'::regclass AND attname = 'embedding'") == "halfvec(384)"
+    assert await tenants.conn.fetchval(
+        "SELECT count(*) FROM pg_attribute WHERE attrelid = 'fragments'::regclass AND attname = 'embedding_half'") == 0

@@ -126,7 +126,7 @@ async def test_a_row_s_cell_is_its_nearest_centroid_and_a_version_is_written_onc
     assert version is not None and (await vector_cells.existing(conn))[version] is True
     ids = list(scene.rows)
     got = dict(await conn.fetch(
-        f"SELECT id, {vector_cells.cell_of(version, 'embedding_half')} FROM fragments WHERE id = ANY($1::text[])", ids
+        f"SELECT id, {vector_cells.cell_of(version, 'embedding')} FROM fragments WHERE id = ANY($1::text[])", ids
     ))
     want = {fid: int(np.argmax(scene.directions @ v)) for fid, (_, _, v) in scene.rows.items()}
     assert got == want
@@ -134,7 +134,7 @@ async def test_a_row_s_cell_is_its_nearest_centroid_and_a_version_is_written_onc
     with pytest.raises(asyncpg.RestrictViolationError):
         await conn.execute("UPDATE vector_cells SET cell = cell WHERE version = $1", version)
     definition = await conn.fetchval("SELECT pg_get_indexdef($1::regclass)", vector_cells.index_name(version))
-    assert f"{vector_cells.function_name(version)}(embedding_half), importance) INCLUDE" in definition
+    assert f"{vector_cells.function_name(version)}(embedding), importance) INCLUDE" in definition
     cost = await conn.fetchval("SELECT procost FROM pg_proc WHERE proname = $1", vector_cells.function_name(version))
     assert cost == vector_cells.FUNCTION_COST
 
