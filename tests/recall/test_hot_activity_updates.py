@@ -1,7 +1,7 @@
 """Recall's side effects (access count, last access, activation) update the rows it returns in
 place: every fragments page keeps room for one more version of its rows (migration 0029), so
 the update is HOT, on the same page, and no index gets a new entry. At fillfactor 80 two rows
-of today's width (~3 KB, both vectors inline) filled a page, and every update went into all
+of ~3 KB (then any row: both vectors inline; now a long turn) filled a page, and every update went into all
 the table's indexes, its HNSW graphs included (132-164 ms for 20 rows at 1M).
 
 The room is for one version: the next update finds it again once the page is pruned, which
@@ -23,8 +23,11 @@ SUBJECTS = ["billing", "search", "checkout", "inventory", "payments", "catalog",
 
 
 def _turn(subject: str) -> str:
-    """A short fragment, different for every subject (its row is still ~3 KB: the vectors)."""
-    return f"The {subject} runbook lists the dashboards to check first."
+    """A long episode (stored whole), different for every subject, whose row is ~3 KB: since
+    migration 0034 a short fragment's row is ~1.9 KB (one half vector), which leaves room for a
+    version at fillfactor 80 too, so the rows are padded to the width where 0029's reserve is
+    what keeps the room."""
+    return f"The {subject} runbook lists the dashboards to check first. " + "Read the alerts before paging anyone. " * 31
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +56,7 @@ async def test_recall_access_updates_stay_on_their_page(quiet: Stack, db: asyncp
     ws = unique()
     async with mcp_session(quiet.mcp_url, key) as s:
         stored = await call(s, "batch_remember", {"workspace": ws, "fragments": [
-            {"content": _turn(subject), "topic": "operations", "type": "fact"} for subject in SUBJECTS]})
+            {"content": _turn(subject), "topic": "operations", "type": "episode"} for subject in SUBJECTS]})
         ids = [r["id"] for r in stored["results"]]
         assert len(ids) == len(SUBJECTS)
         before = await _rows(db, ids)

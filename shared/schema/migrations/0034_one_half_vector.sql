@@ -8,9 +8,9 @@
 -- read pages from disk (bench/README.md, sessions 40-41). The float vector's precision bought
 -- nothing a caller sees: the exact ranking and the cells already rank by the half vector, and
 -- half against float orders kept the same top 10, 30 and 60 ids with cosines within 6e-5
--- (session 27). A ~1.7 KB row is three to a page at fillfactor 65, each with its next
--- version's room (0029's rule: a row no larger than the page's reserve leaves it), and the
--- HNSW graphs hold half vectors too.
+-- (session 27). Rows of ~1.6-1.9 KB (the bench's, a short fact's) are two or three to a page
+-- at fillfactor 65, each with its next version's room (0029's rule: a row no larger than the
+-- page's reserve leaves it), and the HNSW graphs hold half vectors too.
 --
 -- What changes for callers: nothing on the wire. Vectors are still bound as float `vector`
 -- (pgvector's implicit cast narrows them on the way in); statements that read an embedding
