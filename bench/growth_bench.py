@@ -51,6 +51,7 @@ INGEST_CLIENTS = 4
 # The maintenance worker's default (TYPE_GRAPH_MIN_ROWS).
 TYPE_GRAPH_MIN_ROWS: int = MaintenanceSettings.model_fields["type_graph_min_rows"].default
 VECTOR_CELLS_MIN_ROWS: int = MaintenanceSettings.model_fields["vector_cells_min_rows"].default
+VECTOR_CELLS_RETRAIN_GROWTH: float = MaintenanceSettings.model_fields["vector_cells_retrain_growth"].default
 # A top-up of at least this share of the store's rows drops the indexes that carry the
 # embedding (the HNSW graph and fragments_scope_vectors, migration 0026) and builds them again
 # afterwards (same definitions): inserting into the graph row by row is most of a bulk load's
@@ -178,7 +179,13 @@ async def top_up(database_url: str, memories: list[Memory], namespace: str, embe
         if built_types:
             print(f"  type graphs {', '.join(built_types)} built in {time.perf_counter() - began:.0f} s", flush=True)
         began = time.perf_counter()
-        version = await vector_cells.ensure_cells(conn, VECTOR_CELLS_MIN_ROWS, concurrently=False)
+        # A stage past twice the last one's rows trains new cells, as the worker would: two
+        # runs, the second retiring the version the first superseded.
+        version = None
+        for _ in range(2):
+            built = await vector_cells.ensure_cells(
+                conn, VECTOR_CELLS_MIN_ROWS, retrain_growth=VECTOR_CELLS_RETRAIN_GROWTH, concurrently=False)
+            version = built if built is not None else version
         if version is not None:
             print(f"  vector cells v{version} trained and built in {time.perf_counter() - began:.0f} s", flush=True)
         return ids, seconds

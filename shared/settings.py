@@ -361,6 +361,10 @@ class MaintenanceSettings(CommonSettings):
     # from their query's nearest cells. Checked every vector_cells_interval; 0 = off.
     vector_cells_min_rows: int = Field(200_000, alias="VECTOR_CELLS_MIN_ROWS", ge=1)
     vector_cells_interval: timedelta = Field(timedelta(minutes=10), alias="VECTOR_CELLS_INTERVAL")
+    # ...and trained again, a new version built beside the current one, once fragments has this
+    # many times the rows the current version was trained at (the old one is retired a run
+    # later). 0 = never; otherwise more than 1.
+    vector_cells_retrain_growth: float = Field(2.0, alias="VECTOR_CELLS_RETRAIN_GROWTH", ge=0)
     # An open session idle this long is ended ("expired") and reflected by the sweep.
     session_idle_ttl: timedelta = Field(timedelta(hours=24), alias="SESSION_IDLE_TTL")
     # mnemory: FSCK_AUTO_INTERVAL hours, 0 = off; thresholds for what auto-fsck applies.
@@ -374,6 +378,13 @@ class MaintenanceSettings(CommonSettings):
     @property
     def disabled_stages(self) -> frozenset[str]:
         return frozenset(part.strip() for part in self.consolidate_disabled_stages.split(",") if part.strip())
+
+    @field_validator("vector_cells_retrain_growth")
+    @classmethod
+    def _growth(cls, value: float) -> float:
+        if 0 < value <= 1:
+            raise ValueError("VECTOR_CELLS_RETRAIN_GROWTH is 0 (never) or more than 1")
+        return value
 
     @field_validator("consolidate_interval", "fsck_auto_interval", mode="before")
     @classmethod

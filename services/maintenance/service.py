@@ -62,11 +62,12 @@ async def type_graphs(pool: asyncpg.Pool, min_rows: int) -> list[str]:
         return await type_graphs_repo.ensure_type_graphs(conn, min_rows)
 
 
-async def vector_cells(pool: asyncpg.Pool, min_rows: int) -> int | None:
-    """The k-means cells index, trained and built once fragments has `min_rows` rows
-    (shared.repositories.vector_cells). Returns the version built, if one was."""
+async def vector_cells(pool: asyncpg.Pool, min_rows: int, retrain_growth: float) -> int | None:
+    """The k-means cells index, trained and built once fragments has `min_rows` rows, and
+    trained again as it grows `retrain_growth` times (shared.repositories.vector_cells).
+    Returns the version built, if one was."""
     async with pool.acquire() as conn:
-        return await vector_cells_repo.ensure_cells(conn, min_rows)
+        return await vector_cells_repo.ensure_cells(conn, min_rows, retrain_growth=retrain_growth)
 
 
 async def _invalidate_recall_cache(rt: WorkerRuntime) -> None:

@@ -46,7 +46,8 @@ def type_graphs() -> list[str]:
 @app.task(name="maintenance.vector_cells", autoretry_for=RETRYABLE, **RETRY)
 def vector_cells() -> int | None:
     rt = runtime()
-    return rt.run(lambda pool: service.vector_cells(pool, rt.settings.vector_cells_min_rows))
+    s = rt.settings
+    return rt.run(lambda pool: service.vector_cells(pool, s.vector_cells_min_rows, s.vector_cells_retrain_growth))
 
 
 @app.task(name="maintenance.consolidate", autoretry_for=RETRYABLE, **RETRY)

@@ -104,11 +104,18 @@ async def sample(conn: asyncpg.Connection, size: int = SAMPLE) -> np.ndarray:
     return np.asarray([r["v"] for r in records], dtype=np.float32).reshape(len(records), -1)
 
 
-async def build(conn: asyncpg.Connection, centroids: np.ndarray, *, concurrently: bool = True) -> int:
-    """A new version: its centroids written once, its function, its index (concurrently: writes
-    go on; `conn` must not be in a transaction then). Returns the version."""
+async def trained_rows(conn: asyncpg.Connection, version: int) -> int | None:
+    """The table's rows when `version` was trained (migration 0035)."""
+    return await conn.fetchval("SELECT trained_rows FROM vector_cell_versions WHERE version = $1", version)
+
+
+async def build(conn: asyncpg.Connection, centroids: np.ndarray, *, rows: int = 0, concurrently: bool = True) -> int:
+    """A new version: its centroids written once (with `rows`, the table's rows they were
+    trained at), its function, its index (concurrently: writes go on; `conn` must not be in a
+    transaction then). Returns the version."""
     async with conn.transaction():
         version = int(await conn.fetchval("SELECT nextval('vector_cells_version')"))
+        await conn.execute("INSERT INTO vector_cell_versions (version, trained_rows) VALUES ($1, $2)", version, rows)
         await conn.executemany(
             "INSERT INTO vector_cells (version, cell, centroid) VALUES ($1, $2, $3::real[]::halfvec)",
             [(version, cell, [float(v) for v in c]) for cell, c in enumerate(centroids)],
@@ -139,29 +146,41 @@ async def retire(conn: asyncpg.Connection, version: int, *, concurrently: bool =
     async with conn.transaction():
         await conn.execute(f"DROP FUNCTION IF EXISTS {function_name(version)}(halfvec)")
         await conn.execute("DELETE FROM vector_cells WHERE version = $1", version)
+        await conn.execute("DELETE FROM vector_cell_versions WHERE version = $1", version)
 
 
 async def ensure_cells(
-    conn: asyncpg.Connection, min_rows: int, *, cells: int = CELLS, sample_size: int = SAMPLE, concurrently: bool = True,
+    conn: asyncpg.Connection, min_rows: int, *, retrain_growth: float = 0.0, cells: int = CELLS, sample_size: int = SAMPLE,
+    concurrently: bool = True,
 ) -> int | None:
-    """Train and build the cells once the table has `min_rows` rows and no valid version (an
-    invalid one, an interrupted concurrent build, is retired first). One run at a time across
-    workers. Returns the version built, or None."""
+    """The worker's run: train and build the cells once the table has `min_rows` rows, and
+    again, beside the current version, once it has `retrain_growth` times the rows that
+    version was trained at (0: never). A valid version older than the newest was superseded at
+    least a run ago (recall learns the newest within ScopeSizes' minute) and is retired; an
+    unfinished one (an invalid index, an interrupted concurrent build, or centroids without an
+    index) is retired before anything is built. One run at a time across workers. Returns the
+    version built, or None."""
     if not await locks.try_lock(conn, _LOCK):
         return None
     try:
         versions = await existing(conn)
-        if any(versions.values()) or await embedded_rows(conn) < min_rows:
-            return None
-        # Every version left is unfinished: an invalid index, or centroids without one.
+        valid = sorted(version for version, ok in versions.items() if ok)
         written = {int(r["version"]) for r in await conn.fetch("SELECT DISTINCT version FROM vector_cells")}
-        for version in sorted(set(versions) | written):
+        for version in sorted((set(versions) | written) - set(valid[-1:])):
             await retire(conn, version, concurrently=concurrently)
+        rows = await embedded_rows(conn)
+        if valid:
+            trained = await trained_rows(conn, valid[-1])
+            if retrain_growth <= 0 or trained is None or rows < retrain_growth * max(trained, min_rows):
+                return None
+            logger.info("vector cells v%d were trained at %d rows; the table has %d: training again", valid[-1], trained, rows)
+        elif rows < min_rows:
+            return None
         vectors = await sample(conn, sample_size)
         if len(vectors) < cells:
             return None
         logger.info("training %d vector cells on %d embeddings", cells, len(vectors))
-        version = await build(conn, train(vectors, cells), concurrently=concurrently)
+        version = await build(conn, train(vectors, cells), rows=rows, concurrently=concurrently)
         logger.info("vector cells v%d built", version)
         return version
     finally:

@@ -10,6 +10,7 @@ import asyncio
 from datetime import timedelta
 
 import asyncpg
+import pytest
 
 from shared.jobs import QUEUE_MAINTENANCE
 from tests.maintenance.conftest import wait_for
@@ -95,5 +96,9 @@ def test_beat_checks_the_vector_cells_every_ten_minutes_and_zero_turns_it_off() 
     schedule = beat_schedule(MaintenanceSettings())
     assert schedule["maintenance.vector_cells"] == {"task": "maintenance.vector_cells", "schedule": 600.0}
     assert MaintenanceSettings().vector_cells_min_rows == 200_000
+    assert MaintenanceSettings().vector_cells_retrain_growth == 2.0
+    assert MaintenanceSettings.model_validate({"VECTOR_CELLS_RETRAIN_GROWTH": "0"}).vector_cells_retrain_growth == 0
+    with pytest.raises(ValueError, match="VECTOR_CELLS_RETRAIN_GROWTH"):
+        MaintenanceSettings.model_validate({"VECTOR_CELLS_RETRAIN_GROWTH": "1"})
     off = MaintenanceSettings.model_validate({"VECTOR_CELLS_INTERVAL": "PT0S"})
     assert "maintenance.vector_cells" not in beat_schedule(off)

@@ -70,6 +70,8 @@ TABLES: dict[str, str] = {
     "key_group_members": REFERENCE,
     # The cells index's centroids (0033): read by its function on every node's writes.
     "vector_cells": REFERENCE,
+    # Each cells version's training size (0035), beside its centroids.
+    "vector_cell_versions": REFERENCE,
     "oauth_clients": LOCAL,
     "oauth_codes": LOCAL,
     "oauth_tokens": LOCAL,

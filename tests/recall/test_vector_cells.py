@@ -335,3 +335,40 @@ async def test_the_worker_trains_and_builds_the_cells_once_the_store_has_the_row
             int(r["version"]) for r in await conn.fetch("SELECT DISTINCT version FROM vector_cells")
         }:
             await vector_cells.retire(conn, left, concurrently=False)
+
+
+async def test_the_worker_trains_the_cells_again_as_the_store_grows(tenants: Tenants) -> None:
+    """A version records the rows it was trained at. Once the table has retrain_growth times
+    that, the next run builds a new version beside it (both valid: recall may still be probing
+    the old one); the run after retires the old one. Below that growth, or with growth 0, a
+    valid version stands."""
+    conn = tenants.conn
+    rng = np.random.default_rng(19)
+    await _store(conn, tenants.mine, tenants.ws, [("fact", 0.5, _unit(rng.normal(size=DIM))) for _ in range(64)])
+    await conn.execute("ANALYZE fragments")
+    rows = await vector_cells.embedded_rows(conn)
+    first = await vector_cells.ensure_cells(conn, 1, retrain_growth=2.0, cells=4, sample_size=500)
+    try:
+        assert first is not None and await vector_cells.trained_rows(conn, first) == rows
+        assert await vector_cells.ensure_cells(conn, 1, retrain_growth=2.0, cells=4, sample_size=500) is None
+
+        # The table has grown past twice the rows the version was trained at.
+        await conn.execute("UPDATE vector_cell_versions SET trained_rows = $2 WHERE version = $1", first, rows // 2 - 1)
+        assert await vector_cells.ensure_cells(conn, 1, retrain_growth=0, cells=4, sample_size=500) is None
+        assert await vector_cells.ensure_cells(conn, 1, retrain_growth=3.0, cells=4, sample_size=500) is None
+        second = await vector_cells.ensure_cells(conn, 1, retrain_growth=2.0, cells=4, sample_size=500)
+        assert second is not None and second > first
+        assert await vector_cells.existing(conn) == {first: True, second: True}
+        assert await vector_cells.current(conn) == second
+        assert await vector_cells.trained_rows(conn, second) == rows
+
+        assert await vector_cells.ensure_cells(conn, 1, retrain_growth=2.0, cells=4, sample_size=500) is None
+        assert await vector_cells.existing(conn) == {second: True}
+        assert await conn.fetchval("SELECT array_agg(DISTINCT version) FROM vector_cells") == [second]
+        assert await conn.fetchval("SELECT array_agg(version) FROM vector_cell_versions") == [second]
+        assert await conn.fetchval("SELECT to_regprocedure($1)", f"{vector_cells.function_name(first)}(halfvec)") is None
+    finally:
+        for left in set(await vector_cells.existing(conn)) | {
+            int(r["version"]) for r in await conn.fetch("SELECT DISTINCT version FROM vector_cells")
+        }:
+            await vector_cells.retire(conn, left, concurrently=False)
