@@ -10,10 +10,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+from pgvector.asyncpg import register_vector
 
 from services.gateway.core.limits import WINDOW_SECONDS
 from services.stack.client import mcp_session, payload
 from services.stack.supervisor import Stack, StackConfig, free_port
+from shared.db import SEARCH_PATH
+from shared.schema.migrate import migration_files
 
 T = TypeVar("T")
 
@@ -107,3 +113,29 @@ async def facts_beside_another_tenant(mcp_url: str, database_url: str, ws: str, 
     async with mcp_session(mcp_url, other) as s:
         copy = await call(s, "remember", {"content": texts[0], "topic": "ops", "type": "fact", "workspace": ws})
     return key_id, [r["id"] for r in reply["results"]], copy["id"]
+
+
+@asynccontextmanager
+async def migrated_before(database_url: str, migration: str) -> AsyncIterator[tuple[asyncpg.Connection, list[tuple[str, str]]]]:
+    """A connection to a new database with every migration before `migration` applied (the
+    pgvector codec registered), and the migrations from `migration` on, in order, for the test
+    to apply once it has written its store. The database is dropped after."""
+    files = migration_files()
+    assert migration in dict(files)
+    name = f"engram_migration_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(database_url)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        url = urlunsplit(urlsplit(database_url)._replace(path=f"/{name}"))
+        conn = await asyncpg.connect(url, server_settings={"search_path": SEARCH_PATH})
+        try:
+            for file, sql in files:
+                if file < migration:
+                    await conn.execute(sql)
+            await register_vector(conn)
+            yield conn, [(file, sql) for file, sql in files if file >= migration]
+        finally:
+            await conn.close()
+    finally:
+        await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        await admin.close()

@@ -4,19 +4,13 @@ worker, and the cells versions already built get their training size."""
 
 from __future__ import annotations
 
-import uuid
-from urllib.parse import urlsplit, urlunsplit
-
 import asyncpg
 import numpy as np
-from pgvector.asyncpg import register_vector
 
-from shared.db import SEARCH_PATH
 from shared.domain.principal import Principal
 from shared.domain.search import FragmentFilter
 from shared.repositories import vector_cells, vector_search
-from shared.schema.migrate import migration_files
-from tests.support import Stack
+from tests.support import Stack, migrated_before
 
 FIRST = "0034_one_half_vector.sql"
 DIM = 384
@@ -42,57 +36,39 @@ async def _store_before_0034(conn: asyncpg.Connection, vectors: dict[str, np.nda
 
 
 async def test_0034_keeps_each_embedding_in_half_precision_and_rebuilds_what_read_the_old_columns(stack: Stack) -> None:
-    name = f"engram_half_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(stack.database_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        url = urlunsplit(urlsplit(stack.database_url)._replace(path=f"/{name}"))
-        conn = await asyncpg.connect(url, server_settings={"search_path": SEARCH_PATH})
-        try:
-            files = migration_files()
-            assert FIRST in dict(files)
-            for file, sql in files:
-                if file < FIRST:
-                    await conn.execute(sql)
-            await register_vector(conn)
-            rng = np.random.default_rng(34)
-            vectors = {f"f-{i}": _unit(rng.normal(size=DIM)) for i in range(40)}
-            await _store_before_0034(conn, vectors)
-            for file, sql in files:
-                if file >= FIRST:
-                    await conn.execute(sql)
+    async with migrated_before(stack.database_url, FIRST) as (conn, rest):
+        rng = np.random.default_rng(34)
+        vectors = {f"f-{i}": _unit(rng.normal(size=DIM)) for i in range(40)}
+        await _store_before_0034(conn, vectors)
+        for _, sql in rest:
+            await conn.execute(sql)
 
-            column = await conn.fetchval(
-                "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = 'fragments'::regclass"
-                " AND attname = 'embedding' AND NOT attisdropped")
-            assert column == "halfvec(384)"
-            assert await conn.fetchval(
-                "SELECT count(*) FROM pg_attribute WHERE attrelid = 'fragments'::regclass AND attname = 'embedding_half'") == 0
-            stored = {r["id"]: np.asarray(r["v"], dtype=np.float32)
-                      for r in await conn.fetch("SELECT id, embedding::real[] AS v FROM fragments")}
-            assert stored.keys() == vectors.keys()
-            assert all(np.array_equal(stored[i], v.astype(np.float16).astype(np.float32)) for i, v in vectors.items())
+        column = await conn.fetchval(
+            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = 'fragments'::regclass"
+            " AND attname = 'embedding' AND NOT attisdropped")
+        assert column == "halfvec(384)"
+        assert await conn.fetchval(
+            "SELECT count(*) FROM pg_attribute WHERE attrelid = 'fragments'::regclass AND attname = 'embedding_half'") == 0
+        stored = {r["id"]: np.asarray(r["v"], dtype=np.float32)
+                  for r in await conn.fetch("SELECT id, embedding::real[] AS v FROM fragments")}
+        assert stored.keys() == vectors.keys()
+        assert all(np.array_equal(stored[i], v.astype(np.float16).astype(np.float32)) for i, v in vectors.items())
 
-            indexes = dict(await conn.fetch(
-                "SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = 'fragments'::regclass"))
-            assert "USING hnsw (embedding halfvec_cosine_ops)" in indexes["fragments_embedding_hnsw"]
-            assert "INCLUDE (valid_to, scope, session_id, id, embedding)" in indexes["fragments_scope_vectors"]
-            assert "fragments_embedding_hnsw_fact" not in indexes and "fragments_cells_v1" not in indexes
-            assert dict(await conn.fetch("SELECT version, trained_rows FROM vector_cell_versions")) == {1: len(vectors)}
+        indexes = dict(await conn.fetch(
+            "SELECT indexrelid::regclass::text, pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = 'fragments'::regclass"))
+        assert "USING hnsw (embedding halfvec_cosine_ops)" in indexes["fragments_embedding_hnsw"]
+        assert "INCLUDE (valid_to, scope, session_id, id, embedding)" in indexes["fragments_scope_vectors"]
+        assert "fragments_embedding_hnsw_fact" not in indexes and "fragments_cells_v1" not in indexes
+        assert dict(await conn.fetch("SELECT version, trained_rows FROM vector_cell_versions")) == {1: len(vectors)}
 
-            # Both plans of nearest() read the new column: the exact one and the HNSW walk.
-            query = vectors["f-7"]
-            principal = Principal(key_id=None)
-            exact = await vector_search.nearest(conn, principal, FragmentFilter(workspace="ws"), query, 3)
-            walked = await vector_search.nearest(conn, principal, FragmentFilter(), query, 3)
-            assert exact[0][0] == walked[0][0] == "f-7" and exact[0][1] > 0.999
+        # Both plans of nearest() read the new column: the exact one and the HNSW walk.
+        query = vectors["f-7"]
+        principal = Principal(key_id=None)
+        exact = await vector_search.nearest(conn, principal, FragmentFilter(workspace="ws"), query, 3)
+        walked = await vector_search.nearest(conn, principal, FragmentFilter(), query, 3)
+        assert exact[0][0] == walked[0][0] == "f-7" and exact[0][1] > 0.999
 
-            # The worker retires the centroids whose index went with the old column.
-            assert await vector_cells.ensure_cells(conn, 10**9, cells=4, sample_size=100, concurrently=False) is None
-            assert await conn.fetchval("SELECT count(*) FROM vector_cells") == 0
-            assert await conn.fetchval("SELECT count(*) FROM vector_cell_versions") == 0
-        finally:
-            await conn.close()
-    finally:
-        await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-        await admin.close()
+        # The worker retires the centroids whose index went with the old column.
+        assert await vector_cells.ensure_cells(conn, 10**9, cells=4, sample_size=100, concurrently=False) is None
+        assert await conn.fetchval("SELECT count(*) FROM vector_cells") == 0
+        assert await conn.fetchval("SELECT count(*) FROM vector_cell_versions") == 0

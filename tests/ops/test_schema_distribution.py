@@ -17,11 +17,9 @@ the change to them, and migration 0025 backfills a store written before it."""
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
@@ -30,8 +28,7 @@ from pgvector.asyncpg import register_vector
 
 from shared.db import SEARCH_PATH
 from shared.repositories import keys as keys_repo
-from shared.schema.migrate import migration_files
-from tests.support import Stack, call, create_api_key, mcp_session, unique
+from tests.support import Stack, call, create_api_key, mcp_session, migrated_before, unique
 
 SCHEMA = "agent_memory"
 CAPACITY = Path(__file__).resolve().parents[2] / "deploy" / "CAPACITY.md"
@@ -398,47 +395,25 @@ async def test_a_child_row_cannot_name_another_tenant(stack: Stack, db: asyncpg.
     assert await db.fetchval("SELECT key_id FROM fragment_passages WHERE fragment_id = $1 LIMIT 1", fid) == key_id
 
 
-def _with_database(url: str, name: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
-
-
 async def test_migration_backfills_a_store_written_before_it(stack: Stack) -> None:
     """A database migrated up to 0024 with data in every child table, then 0025 and the rest."""
-    name = f"engram_cap_{uuid.uuid4().hex[:8]}"
-    admin = await asyncpg.connect(stack.database_url)
-    await admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        conn = await asyncpg.connect(_with_database(stack.database_url, name), server_settings={"search_path": SEARCH_PATH})
-        try:
-            files = migration_files()
-            assert MIGRATION in dict(files)
-            for file, sql in files:
-                if file < MIGRATION:
-                    await conn.execute(sql)
-            await register_vector(conn)
-            await _store_before_0025(conn)
-            await conn.execute(dict(files)[MIGRATION])
-            for file, sql in files:
-                if file > MIGRATION:
-                    await conn.execute(sql)
+    async with migrated_before(stack.database_url, MIGRATION) as (conn, rest):
+        await _store_before_0025(conn)
+        for _, sql in rest:
+            await conn.execute(sql)
 
-            for table in ("fragment_passages", "fragment_versions", "mnemory_memories", "fragment_link_pending",
-                          "passage_backfill", "fragment_artifacts"):
-                rows = await conn.fetch(
-                    f"SELECT c.fragment_id, c.key_id, f.key_id AS parent FROM {table} c JOIN fragments f ON f.id = c.fragment_id")
-                assert {r["fragment_id"] for r in rows} == {"f-keyed", "f-master"}, table
-                assert all(r["key_id"] == r["parent"] for r in rows), (table, [dict(r) for r in rows])
-            # Written after the migration: the link queue's trigger carries the key.
-            await conn.execute("INSERT INTO fragments (id, content, topic, type, key_id, content_hash) "
-                               "VALUES ('f-later', 'Later.', 't', 'fact', 'k-old', 'h3')")
-            assert await conn.fetchval("SELECT key_id FROM fragment_link_pending WHERE fragment_id = 'f-later'") == "k-old"
-            catalog = await read_catalog(conn)
-            assert {"fragment_passages", "fragment_versions"} <= {fk.table for fk in catalog.foreign if fk_includes_key(fk)}
-        finally:
-            await conn.close()
-    finally:
-        await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-        await admin.close()
+        for table in ("fragment_passages", "fragment_versions", "mnemory_memories", "fragment_link_pending",
+                      "passage_backfill", "fragment_artifacts"):
+            rows = await conn.fetch(
+                f"SELECT c.fragment_id, c.key_id, f.key_id AS parent FROM {table} c JOIN fragments f ON f.id = c.fragment_id")
+            assert {r["fragment_id"] for r in rows} == {"f-keyed", "f-master"}, table
+            assert all(r["key_id"] == r["parent"] for r in rows), (table, [dict(r) for r in rows])
+        # Written after the migration: the link queue's trigger carries the key.
+        await conn.execute("INSERT INTO fragments (id, content, topic, type, key_id, content_hash) "
+                           "VALUES ('f-later', 'Later.', 't', 'fact', 'k-old', 'h3')")
+        assert await conn.fetchval("SELECT key_id FROM fragment_link_pending WHERE fragment_id = 'f-later'") == "k-old"
+        catalog = await read_catalog(conn)
+        assert {"fragment_passages", "fragment_versions"} <= {fk.table for fk in catalog.foreign if fk_includes_key(fk)}
 
 
 async def _store_before_0025(conn: asyncpg.Connection) -> None:
