@@ -89,9 +89,6 @@ __all__ = ["Stack", "StackConfig", "call", "mcp_session", "new_stack_config", "p
 async def create_api_key(database_url: str, name: str | None = None, **fields: Any) -> tuple[str, str]:
     """Create an API key straight in the database (tests of other areas need tenants before
     the admin API is involved). Returns (raw key, key id)."""
-    import asyncpg
-
-    from shared.db import SEARCH_PATH
     from shared.repositories import keys as keys_repo
 
     conn = await asyncpg.connect(database_url, server_settings={"search_path": SEARCH_PATH})
