@@ -9,6 +9,7 @@ import asyncio
 import hashlib
 import json
 import re
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from shared.domain.fragment import NewFragment
 from shared.domain.principal import Principal
 from shared.domain.search import FragmentFilter
 from shared.domain.tokens import TokenCounter
-from shared.embeddings import load_embedder, tokenizer_file
+from shared.embeddings import Embedder, load_embedder, tokenizer_file
 from shared.repositories import fragments as fragments_repo
 from shared.repositories import retrieval, type_graphs, vector_search
 from shared.settings import RecallSettings
@@ -267,11 +268,27 @@ class _Counting:
         self.real = vector_search.scope_size
         monkeypatch.setattr(vector_search, "scope_size", self)
 
+        self.started = threading.Event()
+
     async def __call__(
         self, conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, limit: int, cells: int | None = None,
     ) -> tuple[int, int] | None:
         self.floors.append(flt.min_importance)
+        self.started.set()
         return await self.real(conn, principal, flt, limit, cells)
+
+
+class _HeldUntilCounted:
+    """The query model, its runs held until a scope count has started: recall counts a scope
+    while the model runs (search._semantic), so a model quicker than cells() never skips it."""
+
+    def __init__(self, model: Embedder, counting: _Counting) -> None:
+        self.model, self.counting = model, counting
+        self.dimensions, self.parallel_calls = model.dimensions, model.parallel_calls
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        self.counting.started.wait(timeout=10)  # never set: the vector goes on, and the floors assert fails
+        return self.model.embed(texts)
 
 
 async def test_a_scope_count_decides_the_plan_at_the_floors_it_bounds(
@@ -342,8 +359,9 @@ async def test_recall_keeps_its_scope_counts_across_searches(stack: Stack, monke
     counting = _Counting(monkeypatch)
     pool = await create_pool(stack.database_url, min_size=2, max_size=2, server_settings=vector_search.graph_settings(40))
     try:
-        res = ReadResources(pool=pool, embedder=load_embedder(latency=True), tokens=TokenCounter(tokenizer_file()),
-                            settings=RecallSettings(), effects=SideEffects(pool, None, replica="test"))
+        model = _HeldUntilCounted(load_embedder(latency=True), counting)
+        res = ReadResources(pool=pool, embedder=model, tokens=TokenCounter(tokenizer_file()), settings=RecallSettings(),
+                            effects=SideEffects(pool, None, replica="test"))
         ctx = ToolContext(principal=Principal(key_id=key_id, visible_key_ids=(key_id,)))
         for text, floor in (("which branch does billing deploy from", 0.2), ("billing release branch", 0.5)):
             reply, _ = await recall(res, ctx, {"text": text, "workspace": ws, "type": "fact", "minImportance": floor})
