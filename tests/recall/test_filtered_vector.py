@@ -576,7 +576,17 @@ async def test_the_exact_scope_is_read_from_the_index_not_the_heap(tenants: Tena
     # fetched all 13 rows from the heap), so the heap fetches are not asserted; the plan is.
     await tenants.conn.execute("VACUUM (ANALYZE) fragments")
     flt = FragmentFilter(workspace=tenants.ws, types=("fact",), min_importance=0.4)
-    reads = await _scope_reads(tenants.conn, tenants.principal, flt, query, 5)
+    # A new tenant's 13 rows are estimated at a row or two, and at that the narrower index on the
+    # same columns plus a heap read or two costs about the same (it won after test_vector_cells'
+    # scenes, with every page all-visible). Which statement shape allows the index-only read is
+    # the subject, not that tie: the narrower index is dropped for this plan, and put back.
+    undo = tenants.conn.transaction()
+    await undo.start()
+    try:
+        await tenants.conn.execute("DROP INDEX fragments_key_ws_type_importance")
+        reads = await _scope_reads(tenants.conn, tenants.principal, flt, query, 5)
+    finally:
+        await undo.rollback()
 
     assert reads, "the exact ranking ran"
     assert {(n["Node Type"], n.get("Index Name")) for n in reads} == {("Index Only Scan", "fragments_scope_vectors")}
