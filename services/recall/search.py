@@ -7,8 +7,8 @@ import hashlib
 import itertools
 import json
 import logging
-import math
 import re
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
@@ -222,6 +222,8 @@ class SearchOutcome:
 # a minute of writes moves a scope near the cap by little against the two plans' crossing.
 SCOPE_SIZE_TTL_S = 60.0
 SCOPE_SIZES_MAX = 20_000
+# Reads kept a scope: each answers the floors at and above its own.
+SCOPE_READS_KEPT = 4
 
 
 # How long recall trusts what it learned of the store's cells index (vector_cells.current):
@@ -230,46 +232,23 @@ SCOPE_SIZES_MAX = 20_000
 CELLS_TTL_S = 60.0
 
 
-@dataclass
-class _PlanBounds:
-    """What counts of one scope (tenant, workspace, types) at some importance floors decided:
-    the count falls as the floor rises, so a floor at or above one whose count fixed the plan
-    from below (vector_search.plan_bounds) is fixed the same way, and a floor at or below one
-    whose count fixed it from above too. Other floors are answered by their own count."""
-
-    within: tuple[float, int] | None = None  # the lowest floor counted at or under the low bound, and its count
-    beyond: tuple[float, int] | None = None  # the highest floor counted past the high bound, and its count
-    counted: dict[float, int] = field(default_factory=dict)  # every floor counted, its count
-
-    def decided(self, floor: float) -> int | None:
-        """A count that decides the plan at `floor` as its own would, or None when no count so far does."""
-        if floor in self.counted:
-            return self.counted[floor]
-        if self.within is not None and floor >= self.within[0]:
-            return self.within[1]
-        if self.beyond is not None and floor <= self.beyond[0]:
-            return self.beyond[1]
-        return None
-
-    def learn(self, floor: float, rows: int, low: int, high: int) -> None:
-        self.counted[floor] = rows
-        if rows <= low:
-            if self.within is None or floor < self.within[0]:
-                self.within = (floor, rows)
-        elif rows > high and (self.beyond is None or floor > self.beyond[0]):
-            self.beyond = (floor, rows)
+@dataclass(frozen=True)
+class _Read:
+    floors: vector_search.ScopeFloors
+    at: float  # time.monotonic() of the read
 
 
 class ScopeSizes:
-    """The vector layer's scope counts (vector_search.scope_size), kept per process (owned by
-    the app state) for SCOPE_SIZE_TTL_S: a filtered recall at 1M counted up to ~50k index
-    entries (3-7 ms of Postgres) while the model embedded its query on the same two cores, and
-    most counts decide nothing new. A scope is the caller's tenant, workspace and types; its
-    importance floor is answered from any earlier count that decides it (_PlanBounds). Also
-    which cells index nearest() may probe, for CELLS_TTL_S."""
+    """The vector layer's scope counts, kept per process (owned by the app state) for
+    SCOPE_SIZE_TTL_S: a filtered recall at 1M counted up to ~50k index entries (3-7 ms of
+    Postgres) while the model embedded its query on the same two cores. A scope is the
+    caller's tenant, workspace and types; each read of it (vector_search.scope_floors) answers
+    its own importance floor and every floor above it, and below it where the count is past
+    its bound, so a floor is read only below every floor read so far (SCOPE_READS_KEPT of them
+    are kept a scope). Also which cells index nearest() may probe, for CELLS_TTL_S."""
 
     def __init__(self) -> None:
-        self._bounds: TTLCache[tuple[object, ...], _PlanBounds] = TTLCache(SCOPE_SIZES_MAX, SCOPE_SIZE_TTL_S)
+        self._reads: TTLCache[tuple[object, ...], tuple[_Read, ...]] = TTLCache(SCOPE_SIZES_MAX, SCOPE_SIZE_TTL_S)
         self._cells: TTLCache[str, int | None] = TTLCache(1, CELLS_TTL_S)
 
     async def cells(self, pool: asyncpg.Pool) -> int | None:
@@ -286,24 +265,23 @@ class ScopeSizes:
         self, pool: asyncpg.Pool, principal: Principal, flt: FragmentFilter, limit: int, cells: int | None = None,
     ) -> int | None:
         """A count for nearest()'s `scope_rows` (None for a scope with nothing to count), on a
-        connection of `pool` when no earlier count decides it."""
+        connection of `pool` when no read of the scope in the last SCOPE_SIZE_TTL_S answers it."""
         if not vector_search.countable(principal, flt):
             return None
         key = (principal.reads, flt.workspace, flt.types, limit, cells)
-        floor = -math.inf if flt.min_importance is None else flt.min_importance
-        bounds = self._bounds.get(key)
-        if bounds is not None and (known := bounds.decided(floor)) is not None:
-            return known
+        now = time.monotonic()
+        for read in self._reads.get(key, ()):
+            if now - read.at < SCOPE_SIZE_TTL_S and (known := read.floors.rows(flt.min_importance)) is not None:
+                return known
         async with pool.acquire() as conn:
-            counted = await vector_search.scope_size(conn, principal, flt, limit, cells)
-        if counted is None:
+            floors = await vector_search.scope_floors(conn, principal, flt, limit, cells)
+        if floors is None:
             return None
-        rows, bound = counted
-        bounds = self._bounds.get(key)  # another search of the scope may have learned it meanwhile
-        if bounds is None:
-            bounds = self._bounds[key] = _PlanBounds()
-        bounds.learn(floor, rows, *vector_search.plan_bounds(bound, cells))
-        return rows
+        # Another search of the scope may have read it meanwhile: both reads are kept.
+        now = time.monotonic()
+        kept = tuple(r for r in self._reads.get(key, ()) if now - r.at < SCOPE_SIZE_TTL_S)
+        self._reads[key] = (_Read(floors, now), *kept)[:SCOPE_READS_KEPT]
+        return floors.rows(flt.min_importance)
 
 
 async def _semantic_on(

@@ -8,9 +8,9 @@ Ranking the scope exactly costs one heap row per scope row. So a scope of s rows
 would take a graph of G rows is ranked exactly when s is below EXACT_SCOPE_FLOOR or
 s^2 <= EXACT_WEIGHT * k * G, the point where both plans cost about the same; s is counted over
 the scope indexes (index-only, bounded by that threshold; by the statement itself, or
-beforehand by scope_rows() while the caller's model embeds the query) and G is the planner's
-row count from pg_class: of the scope's type graph when it names one type that has a valid
-graph (type_graphs), else of the table.
+beforehand, while the caller's model embeds the query, by recall's ScopeSizes from
+scope_floors()) and G is the planner's row count from pg_class: of the scope's type graph
+when it names one type that has a valid graph (type_graphs), else of the table.
 
 The exact ranking reads its rows from fragments_scope_vectors, a btree over (tenant,
 workspace, type, importance) that carries each row's embedding (half precision, as the
@@ -31,6 +31,9 @@ exact ranking's 18-83 (bench/README.md, session 40); under ~15k the exact rankin
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 import asyncpg
 import numpy as np
@@ -161,12 +164,6 @@ def _count_bound(limit: int, flt: FragmentFilter, params: SqlParams, cells: int 
     return str(CELLS_COUNT_BOUND) if cells is not None else _exact_cap(limit, _walked_rows(flt, params))
 
 
-def plan_bounds(bound: int, cells: int | None) -> tuple[int, int]:
-    """The counts that fix the plan whatever the exact count: up to the first the scope is
-    ranked exactly, past the second (the count's bound) the plan no longer changes."""
-    return (min(CELLS_EXACT_ROWS, bound), bound) if cells is not None else (bound, bound)
-
-
 def scope_rows_statement(principal: Principal, flt: FragmentFilter, limit: int, cells: int | None = None) -> tuple[str, list[object]]:
     """The scope's size as nearest() decides by it, counted up to just past its bound, and that
     bound (the exact cap, or CELLS_COUNT_BOUND with cells)."""
@@ -185,6 +182,97 @@ async def scope_size(
     sql, values = scope_rows_statement(principal, flt, limit, cells)
     row = await conn.fetchrow(sql, *values)
     return int(row["rows"]), int(row["cap"])
+
+
+@dataclass(frozen=True)
+class ScopeFloors:
+    """One read of a scope at an importance floor (scope_floors): each index range's rows at
+    or above `floor` (None: every row) by importance, each range read up to `bound` + 1 rows
+    (a range that had more is `full`), best first where the range is in importance order. It
+    answers scope_size's count at `floor` and at every floor above it (but above a full range
+    read in the index's order), and, when that count is past the bound, every floor below: so
+    one read serves most floors a minute of recalls asks of the scope, where a count served
+    one floor (and the floors its count put on the same side of the plan's bounds)."""
+
+    floor: float | None
+    bound: int
+    ranges: tuple[tuple[dict[float, int], bool], ...]  # per range: rows by importance, read best first
+
+    def rows(self, floor: float | None) -> int | None:
+        """scope_size's count at `floor`, or, where the plan is past the bound whatever the
+        count, a count past it; None when this read does not tell (a floor below it)."""
+        # importance is `real`: Postgres compares the floor in single precision.
+        wanted, read = _single(floor), _single(self.floor)
+        total = 0
+        for counts, ordered in self.ranges:
+            full = sum(counts.values()) > self.bound
+            if full and wanted <= read:
+                total += self.bound + 1  # scope_size's count stops there
+            elif wanted >= read and (ordered or not full):
+                # A full range read best first holds every row above its last importance (and
+                # at or below it the bound + 1 rows it read).
+                total += sum(n for importance, n in counts.items() if importance >= wanted)
+            else:
+                return self._past_bound(wanted, read)
+        return total
+
+    def _past_bound(self, wanted: float, read: float) -> int | None:
+        """Below the floor read, a count past the bound stays past it."""
+        at_floor = self.rows(self.floor)
+        return at_floor if wanted <= read and at_floor is not None and at_floor > self.bound else None
+
+
+def _single(floor: float | None) -> float:
+    return -math.inf if floor is None else float(np.float32(floor))
+
+
+def scope_floors_statement(
+    principal: Principal, flt: FragmentFilter, limit: int, cells: int | None = None,
+) -> tuple[str, list[object], list[bool]]:
+    """scope_rows_statement's ranges read for their importances instead of counted: each
+    range's rows at or above the floor, up to the bound + 1 (one row a range and importance),
+    the bound, and which ranges were read best first. The workspace's range of one tenant and
+    one type is (fragments_key_ws_type_importance backwards, index-only); any other range is
+    read in the index's order, which is not the importance's: its global rows' too, since the
+    planner takes no order from `workspace IS NULL` and would sort the whole range."""
+    params = SqlParams()
+    reads = principal.reads
+    one = not reads.everyone and len(reads.key_ids) == 1 and flt.types is not None and len(flt.types) == 1
+    base = [scope_clause(reads, params, "f")]
+    if flt.types:
+        base.append(f"f.type = {params.add(flt.types[0])}" if one else f"f.type = ANY({params.add(list(flt.types))}::text[])")
+    if flt.min_importance is not None:
+        base.append(f"f.importance >= {params.add(flt.min_importance)}")
+    ranges = workspace_ranges(flt.workspace, params)
+    ordered = [one and flt.workspace is not None and i == 0 for i in range(len(ranges))]  # the workspace's, not its global rows'
+    branches = [
+        f"(SELECT {i} AS branch, f.importance FROM fragments f WHERE {' AND '.join([*base, workspace])}"
+        f"{' ORDER BY f.importance DESC' if best_first else ''} LIMIT (SELECT cap FROM t) + 1)"
+        for i, (workspace, best_first) in enumerate(zip(ranges, ordered, strict=True))
+    ]
+    cap = _count_bound(limit, flt, params, cells)
+    sql = f"""
+        WITH t AS MATERIALIZED (SELECT {cap} AS cap),
+        read AS (SELECT branch, importance, count(*) AS n FROM ({" UNION ALL ".join(branches)}) r GROUP BY branch, importance)
+        SELECT (SELECT cap FROM t) AS cap, array_agg(branch) AS branches, array_agg(importance) AS importances,
+               array_agg(n) AS counts
+        FROM read
+    """
+    return sql, params.values, ordered
+
+
+async def scope_floors(
+    conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, limit: int, cells: int | None = None,
+) -> ScopeFloors | None:
+    """The scope read at its floor (scope_floors_statement), None for a scope with nothing to count."""
+    if not countable(principal, flt):
+        return None
+    sql, values, ordered = scope_floors_statement(principal, flt, limit, cells)
+    row = await conn.fetchrow(sql, *values)
+    counts: list[dict[float, int]] = [{} for _ in ordered]
+    for branch, importance, n in zip(row["branches"] or (), row["importances"] or (), row["counts"] or (), strict=True):
+        counts[branch][importance] = n
+    return ScopeFloors(flt.min_importance, int(row["cap"]), tuple(zip(counts, ordered, strict=True)))
 
 
 async def scope_rows(

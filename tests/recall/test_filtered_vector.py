@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import random
 import re
 import threading
 import uuid
@@ -261,18 +262,17 @@ async def test_a_count_taken_beforehand_decides_the_plan_in_place_of_the_stateme
 
 
 class _Counting:
-    """vector_search.scope_size, with the importance floor of each count it takes recorded."""
+    """vector_search.scope_floors, with the importance floor of each read it takes recorded."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.floors: list[float | None] = []
-        self.real = vector_search.scope_size
-        monkeypatch.setattr(vector_search, "scope_size", self)
-
+        self.real = vector_search.scope_floors
+        monkeypatch.setattr(vector_search, "scope_floors", self)
         self.started = threading.Event()
 
     async def __call__(
         self, conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, limit: int, cells: int | None = None,
-    ) -> tuple[int, int] | None:
+    ) -> vector_search.ScopeFloors | None:
         self.floors.append(flt.min_importance)
         self.started.set()
         return await self.real(conn, principal, flt, limit, cells)
@@ -291,44 +291,92 @@ class _HeldUntilCounted:
         return self.model.embed(texts)
 
 
-async def test_a_scope_count_decides_the_plan_at_the_floors_it_bounds(
+async def test_a_read_of_a_scope_answers_its_floor_and_the_floors_above_it(
     stack: Stack, tenants: Tenants, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """ScopeSizes keeps what counts of a scope decided: a floor at or above one counted within
-    the cap is within it, a floor at or below one counted past it is past it, and only a floor
-    in between (or another tenant's scope) is counted again. Every answer picks the plan a fresh
-    count would."""
+    """ScopeSizes reads a scope's importances at a floor (vector_search.scope_floors). A read
+    answers its floor and every floor above it with the count scope_size gives; a range of one
+    tenant and one type is read best first, so past the cap it still answers the floors above
+    its last row's importance; below a read past the cap the plan is fixed. Only a floor no read
+    answers, or another tenant's scope, is read again. Every answer is a fresh count's, or past
+    the cap as the fresh count is, and picks the plan a fresh count would."""
     query, _, _ = await _scene(tenants, seed=10)
     await _broad(tenants.conn, monkeypatch, floor=10)  # the cap: 10 rows
     counting = _Counting(monkeypatch)
     sizes = ScopeSizes()
     pool = await create_pool(stack.database_url, min_size=1, max_size=1)
 
-    async def rows(floor: float, principal: Principal = tenants.principal) -> int | None:
-        flt = FragmentFilter(workspace=tenants.ws, types=("fact",), min_importance=floor)
+    async def rows(floor: float, principal: Principal = tenants.principal, types: tuple[str, ...] = ("fact",)) -> int | None:
+        flt = FragmentFilter(workspace=tenants.ws, types=types, min_importance=floor)
         got = await sizes.rows(pool, principal, flt, 4)
-        counted = await counting.real(tenants.conn, principal, flt, 4)  # a fresh count, past the spy
+        counted = await vector_search.scope_size(tenants.conn, principal, flt, 4)
         assert got is not None and counted is not None
-        fresh = counted[0]
+        fresh, cap = counted
+        assert got == fresh or (got > cap and fresh > cap), (floor, types, got, fresh)
         plan = await _executed(tenants.conn, principal, flt, query, 4, got)
         assert plan == await _executed(tenants.conn, principal, flt, query, 4, fresh)
         return got
 
     try:
-        # The workspace's facts at 0.30-0.85 (step 0.05) and 3 global ones at 0.8.
-        assert await rows(0.6) == 6 + 3  # within the cap: counted
-        assert await rows(0.7) == 9  # above a floor within the cap: that count answers
-        # Below it, unknown: counted, past the cap (each branch's count stops at the cap + 1).
-        assert await rows(0.0) == 11 + 3
-        assert await rows(0.1) == 14  # between the two: counted
-        assert await rows(0.05) == 14  # below a floor past the cap: that count answers
-        assert await rows(0.6, Principal(key_id=tenants.theirs, visible_key_ids=(tenants.theirs,))) == 2  # another tenant: its own count
-        assert counting.floors == [0.6, 0.0, 0.1, 0.6]
+        # The workspace's facts at 0.30-0.85 (step 0.05), its decisions at 0.9, 3 global facts at 0.8.
+        assert await rows(0.6) == 6 + 3  # read
+        assert await rows(0.7) == 4 + 3  # above it: answered, the count at 0.7
+        assert await rows(0.85) == 1
+        assert await rows(0.0) == 11 + 3  # below it: read, past the cap (a range is read to the cap + 1)
+        assert await rows(0.1) == 14  # read best first, the workspace's range held 0.35 and up: past the cap
+        assert await rows(0.45) == 9 + 3  # above 0.35: the count
+        assert await rows(0.6, Principal(key_id=tenants.theirs, visible_key_ids=(tenants.theirs,))) == 2  # another tenant: its own read
+        assert counting.floors == [0.6, 0.0, 0.6]
+
+        # Two types are read in the index's order, not by importance: past the cap, a read
+        # answers only the floors below it.
+        both = ("fact", "decision")
+        assert await rows(0.3, types=both) == 11 + 3
+        assert await rows(0.2, types=both) == 14  # below a read past the cap: answered
+        assert await rows(0.5, types=both) == 14  # above it: read (8 facts and 4 decisions are past the cap)
+        assert await rows(0.8, types=both) == 2 + 4 + 3  # read, within the cap
+        assert await rows(0.85, types=both) == 1 + 4  # above that: answered
+        assert counting.floors[3:] == [0.3, 0.5, 0.8]
+
+        for floor in random.Random(10).sample([round(0.05 * i, 2) for i in range(21)], 21):
+            await rows(floor)
+            await rows(floor, types=both)
         # A scope with nothing to count is not counted at all.
+        read = len(counting.floors)
         assert await sizes.rows(pool, Principal.master(), FragmentFilter(types=("fact",)), 4) is None
-        assert len(counting.floors) == 4
+        assert len(counting.floors) == read
     finally:
         await pool.close()
+
+
+async def test_a_read_of_one_type_reads_its_ranges_best_first_from_the_index(
+    tenants: Tenants, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A scope of one tenant and one type is read down its workspace's range of
+    fragments_key_ws_type_importance in importance order, index-only, stopping at the cap + 1
+    rows: neither the whole range read nor a sort of it. Its global rows are one index range too."""
+    await _scene(tenants, seed=12)
+    await tenants.conn.execute("VACUUM (ANALYZE) fragments")
+    await _broad(tenants.conn, monkeypatch, floor=10)
+    await tenants.conn.execute("RESET enable_sort")  # a sort must lose on its own
+    flt = FragmentFilter(workspace=tenants.ws, types=("fact",), min_importance=0.0)
+    sql, values, ordered = vector_search.scope_floors_statement(tenants.principal, flt, 4)
+    assert ordered == [True, False]  # the workspace's range, and its global rows' in the index's order
+    plan = json.loads(await tenants.conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", *values))[0]["Plan"]
+    scans: list[tuple[str, dict[str, Any]]] = []  # (the parent's node type, the scan)
+
+    def walk(node: dict[str, Any]) -> None:
+        for child in node.get("Plans", []):
+            if child.get("Relation Name") == "fragments":
+                scans.append((node["Node Type"], child))
+            walk(child)
+
+    walk(plan)
+    assert [(p, n["Node Type"], n["Index Name"]) for p, n in scans] == [
+        ("Limit", "Index Only Scan", "fragments_key_ws_type_importance")
+    ] * 2
+    assert scans[0][1]["Scan Direction"] == "Backward"  # best first, the Limit right above it: no sort between
+    assert [n["Actual Rows"] for _, n in scans] == [11, 3]  # 12 facts in the workspace: stopped at 11
 
 
 async def test_what_a_scope_count_decided_expires(stack: Stack, tenants: Tenants, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -229,13 +229,13 @@ async def test_no_plan_computes_a_row_s_cell_as_it_reads_it(
     assert reads and all(function in n.get("Index Cond", "") for n in reads)
 
 
-async def test_a_scope_count_with_cells_answers_the_floors_whose_plan_it_fixes(
+async def test_a_read_of_a_scope_with_cells_answers_the_floors_above_it(
     stack: Stack, scene: Scene, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """With cells the plan is exact up to CELLS_EXACT_ROWS and past it the share of cells falls
-    with the count until CELLS_COUNT_BOUND: ScopeSizes answers a higher floor from a count
-    within the exact rows, a lower floor from one past the bound, and a floor in between only
-    from its own count."""
+    with the count until CELLS_COUNT_BOUND, so a floor between the two needs its count. A read
+    of the scope (one tenant, one type: best first) gives it for its floor and every floor above;
+    past the bound it gives the count above its last row's importance, and past the bound below."""
     t = scene.tenants
     version = await vector_cells.current(t.conn)
     monkeypatch.setattr(vector_search, "CELLS_EXACT_ROWS", 40)
@@ -250,15 +250,18 @@ async def test_a_scope_count_with_cells_answers_the_floors_whose_plan_it_fixes(
 
     try:
         # eight groups of 24 facts at 0.3-0.875 (step 0.025)
-        assert await rows(0.79) == 8 * 4  # within the exact rows
-        assert await rows(0.84) == 32  # above it: that count answers
-        assert await rows(0.59) == 8 * 12  # between: counted
-        assert await rows(0.59) == 96  # its own count answers
-        assert await rows(0.64) == 8 * 10  # between, another floor: counted
-        assert await rows(0.29) == 121  # past the bound (the count stops one past it)
-        assert await rows(0.34) == 121  # above a floor past the bound: counted
-        assert await rows(0.2) == 121  # below one: answered
-        assert counting.floors == [0.79, 0.59, 0.64, 0.29, 0.34]
+        assert await rows(0.79) == 8 * 4  # within the exact rows: read
+        assert await rows(0.84) == 8 * 2  # above it: answered
+        assert await rows(0.59) == 8 * 12  # below: read
+        assert await rows(0.59) == 96
+        assert await rows(0.64) == 8 * 10  # above it: answered
+        assert await rows(0.29) == 121  # past the bound: read (best first, its 121 rows down to 0.5)
+        assert await rows(0.34) == 121  # above it, at or below 0.5: past the bound
+        assert await rows(0.2) == 121  # below it: past the bound
+        assert await rows(0.5) == 121
+        assert await rows(0.51) == 8 * 15  # above 0.5: the count
+        assert await rows(0.55) == 8 * 14
+        assert counting.floors == [0.79, 0.59, 0.29]
     finally:
         await pool.close()
 
