@@ -336,6 +336,7 @@ async def test_a_read_of_a_scope_answers_its_floor_and_the_floors_above_it(
         assert await rows(0.5, types=both) == 14  # above it: read (8 facts and 4 decisions are past the cap)
         assert await rows(0.8, types=both) == 2 + 4 + 3  # read, within the cap
         assert await rows(0.85, types=both) == 1 + 4  # above that: answered
+        assert await rows(0.25, types=both) == 14  # the earlier reads are kept: below those past the cap, answered
         assert counting.floors[3:] == [0.3, 0.5, 0.8]
 
         for floor in random.Random(10).sample([round(0.05 * i, 2) for i in range(21)], 21):
