@@ -123,16 +123,23 @@ def _walked_rows(flt: FragmentFilter, params: SqlParams) -> str:
     )
 
 
+def _index_clauses(principal: Principal, flt: FragmentFilter, params: SqlParams, one_type: bool = False) -> list[str]:
+    """The scope's clauses on the scope indexes' columns but the workspace: tenant, type (one
+    type by equality when `one_type`, so that the range is in importance order), importance."""
+    clauses = [scope_clause(principal.reads, params, "f")]
+    if flt.types:
+        clauses.append(f"f.type = {params.add(flt.types[0])}" if one_type else f"f.type = ANY({params.add(list(flt.types))}::text[])")
+    if flt.min_importance is not None:
+        clauses.append(f"f.importance >= {params.add(flt.min_importance)}")
+    return clauses
+
+
 def _scope_counts(principal: Principal, flt: FragmentFilter, params: SqlParams) -> list[str]:
     """Bounded-count subqueries over the index columns of the scope (tenant, workspace or
     global, type, importance): index-only scans whose rows add up to at least the scope's
     size (validity and working-memory scope are left to the ranking). A workspace scope is
     two counts, the workspace's and the global rows', each one index range."""
-    base = [scope_clause(principal.reads, params, "f")]
-    if flt.types:
-        base.append(f"f.type = ANY({params.add(list(flt.types))}::text[])")
-    if flt.min_importance is not None:
-        base.append(f"f.importance >= {params.add(flt.min_importance)}")
+    base = _index_clauses(principal, flt, params)
     branches = [[*base, workspace] for workspace in workspace_ranges(flt.workspace, params)]
     return [
         f"(SELECT count(*) FROM (SELECT 1 FROM fragments f WHERE {' AND '.join(b)} LIMIT (SELECT cap FROM t) + 1) s)"
@@ -238,11 +245,7 @@ def scope_floors_statement(
     params = SqlParams()
     reads = principal.reads
     one = not reads.everyone and len(reads.key_ids) == 1 and flt.types is not None and len(flt.types) == 1
-    base = [scope_clause(reads, params, "f")]
-    if flt.types:
-        base.append(f"f.type = {params.add(flt.types[0])}" if one else f"f.type = ANY({params.add(list(flt.types))}::text[])")
-    if flt.min_importance is not None:
-        base.append(f"f.importance >= {params.add(flt.min_importance)}")
+    base = _index_clauses(principal, flt, params, one_type=one)
     ranges = workspace_ranges(flt.workspace, params)
     ordered = [one and flt.workspace is not None and i == 0 for i in range(len(ranges))]  # the workspace's, not its global rows'
     branches = [
