@@ -118,6 +118,15 @@ def scope_ranges(scope: TenantScope, params: SqlParams, alias: str = "f") -> lis
     return ranges
 
 
+def single_key_ranges(scope: TenantScope) -> list[bool]:
+    """For each of scope_ranges' clauses, whether it holds one key_id (one key, or the rows
+    without a key): in an index led by key_id such a range is in the order of the next columns."""
+    if scope.everyone:
+        return [True, False]
+    keys = [k for k in scope.key_ids if k is not None]
+    return ([len(keys) == 1] if keys else []) + ([True] if None in scope.key_ids else [])
+
+
 def same_tenant(a: str, b: str) -> str:
     """Rows `a` and `b` belong to one tenant: what every pairing of two rows (duplicates,
     contradictions, links) requires, so even an all-tenant run never pairs two keys' rows."""

@@ -38,7 +38,15 @@ from dataclasses import dataclass
 import asyncpg
 import numpy as np
 
-from shared.domain.principal import Principal, SqlParams, scope_clause, scope_workspace_ranges, workspace_ranges
+from shared.domain.principal import (
+    Principal,
+    SqlParams,
+    scope_clause,
+    scope_ranges,
+    scope_workspace_ranges,
+    single_key_ranges,
+    workspace_ranges,
+)
 from shared.domain.search import FragmentFilter
 from shared.repositories.fragments import filter_clauses, narrowing_clauses
 from shared.repositories.type_graphs import FRAGMENT_TYPES, GRAPH_PREFIX
@@ -123,10 +131,13 @@ def _walked_rows(flt: FragmentFilter, params: SqlParams) -> str:
     )
 
 
-def _index_clauses(principal: Principal, flt: FragmentFilter, params: SqlParams, one_type: bool = False) -> list[str]:
-    """The scope's clauses on the scope indexes' columns but the workspace: tenant, type (one
-    type by equality when `one_type`, so that the range is in importance order), importance."""
-    clauses = [scope_clause(principal.reads, params, "f")]
+def _index_clauses(
+    principal: Principal, flt: FragmentFilter, params: SqlParams, one_type: bool = False, tenant: str | None = None,
+) -> list[str]:
+    """The scope's clauses on the scope indexes' columns but the workspace: tenant (`tenant`, one
+    of scope_ranges, or the whole scope_clause), type (one type by equality when `one_type`, so
+    that the range is in importance order), importance."""
+    clauses = [scope_clause(principal.reads, params, "f") if tenant is None else tenant]
     if flt.types:
         clauses.append(f"f.type = {params.add(flt.types[0])}" if one_type else f"f.type = ANY({params.add(list(flt.types))}::text[])")
     if flt.min_importance is not None:
@@ -236,22 +247,31 @@ def _single(floor: float | None) -> float:
 def scope_floors_statement(
     principal: Principal, flt: FragmentFilter, limit: int, cells: int | None = None,
 ) -> tuple[str, list[object], list[bool]]:
-    """scope_rows_statement's ranges read for their importances instead of counted: each
-    range's rows at or above the floor, up to the bound + 1 (one row a range and importance),
-    the bound, and which ranges were read best first. The workspace's range of one tenant and
-    one type is (fragments_key_ws_type_importance backwards, index-only); any other range is
-    read in the index's order, which is not the importance's: its global rows' too, since the
-    planner takes no order from `workspace IS NULL` and would sort the whole range."""
+    """scope_rows_statement's scope read for its importances instead of counted, as disjoint
+    index ranges (scope_ranges x workspace_ranges): each range's rows at or above the floor, up
+    to the bound + 1 (one row a range and importance), the bound, and which ranges were read
+    best first. The workspace's range of one key_id (a tenant's, or the master key's own rows
+    without a key) and one type is, ordered by the index's columns (key_id, workspace, type,
+    importance) backwards, index-only: within such a range that is the importance's order, and
+    the planner needs no sort for it, where `ORDER BY importance` alone would sort a range
+    whose key it knows only by IS NULL. Any other range (several keys or types, the global
+    rows) is read in the index's order, which is not the importance's."""
     params = SqlParams()
-    reads = principal.reads
-    one = not reads.everyone and len(reads.key_ids) == 1 and flt.types is not None and len(flt.types) == 1
-    base = _index_clauses(principal, flt, params, one_type=one)
-    ranges = workspace_ranges(flt.workspace, params)
-    ordered = [one and flt.workspace is not None and i == 0 for i in range(len(ranges))]  # the workspace's, not its global rows'
+    one_type = flt.types is not None and len(flt.types) == 1
+    tenants = scope_ranges(principal.reads, params) or ["FALSE"]
+    single = single_key_ranges(principal.reads) or [False]
+    ranges: list[tuple[list[str], bool]] = []
+    for tenant, one_key in zip(tenants, single, strict=True):
+        base = _index_clauses(principal, flt, params, one_type=one_type, tenant=tenant)
+        # The workspace's range, not its global rows': few enough that the planner may sort them
+        # (by its estimate), and a sort reads the whole range where the read stops at the bound.
+        workspaces = workspace_ranges(flt.workspace, params)
+        ranges += [([*base, ws], one_key and one_type and flt.workspace is not None and i == 0) for i, ws in enumerate(workspaces)]
+    best = " ORDER BY f.key_id DESC, f.workspace DESC, f.type DESC, f.importance DESC"
     branches = [
-        f"(SELECT {i} AS branch, f.importance FROM fragments f WHERE {' AND '.join([*base, workspace])}"
-        f"{' ORDER BY f.importance DESC' if best_first else ''} LIMIT (SELECT cap FROM t) + 1)"
-        for i, (workspace, best_first) in enumerate(zip(ranges, ordered, strict=True))
+        f"(SELECT {i} AS branch, f.importance FROM fragments f WHERE {' AND '.join(clauses)}"
+        f"{best if best_first else ''} LIMIT (SELECT cap FROM t) + 1)"
+        for i, (clauses, best_first) in enumerate(ranges)
     ]
     cap = _count_bound(limit, flt, params, cells)
     sql = f"""
@@ -261,7 +281,7 @@ def scope_floors_statement(
                array_agg(n) AS counts
         FROM read
     """
-    return sql, params.values, ordered
+    return sql, params.values, [best_first for _, best_first in ranges]
 
 
 async def scope_floors(

@@ -380,6 +380,33 @@ async def test_a_read_of_one_type_reads_its_ranges_best_first_from_the_index(
     assert scans[0][1]["Scan Direction"] == "Backward"  # best first, the Limit right above it: no sort between
     assert [n["Actual Rows"] for _, n in scans] == [11, 3]  # 12 facts in the workspace: stopped at 11
 
+    # The master key reads its own rows (no key) in a workspace best first too, by the index's
+    # columns backwards: `key_id IS NULL` gives the planner no order by importance alone. Every
+    # key's rows are one range of several keys, in the index's order.
+    ws = unique()
+    rng = np.random.default_rng(12)
+    await _store(tenants.conn, None, ws, [("fact", round(0.3 + 0.05 * i, 2), _unit(rng.normal(size=DIM))) for i in range(12)])
+    await _store(tenants.conn, tenants.mine, ws, [("fact", 0.9, _unit(rng.normal(size=DIM)))])
+    await tenants.conn.execute("VACUUM (ANALYZE) fragments")
+    master = FragmentFilter(workspace=ws, types=("fact",), min_importance=0.0)
+    sql, values, ordered = vector_search.scope_floors_statement(Principal.master(), master, 4)
+    assert ordered == [True, False, False, False]  # (no key, the workspace), (no key, global), (keys, ...) x 2
+    plan = json.loads(await tenants.conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", *values))[0]["Plan"]
+    scans.clear()
+    walk(plan)
+    first, node = scans[0]
+    assert (first, node["Node Type"], node["Index Name"] in led) == ("Limit", "Index Only Scan", True)
+    assert node["Scan Direction"] == "Backward"
+    assert node["Actual Rows"] == 11  # the master's 12 facts in the workspace: stopped at the cap + 1
+    floors = await vector_search.scope_floors(tenants.conn, Principal.master(), master, 4)
+    assert floors is not None
+    read = [({round(importance, 2): n for importance, n in counts.items()}, best) for counts, best in floors.ranges[:3]]
+    assert read[0] == ({round(0.85 - 0.05 * i, 2): 1 for i in range(11)}, True)  # 0.85 down to 0.35
+    assert read[2] == ({0.9: 1}, False)  # the tenant's fact in the workspace, in the keys' range
+    # Past the cap, the best-first read answers a floor above its last row with the fresh count.
+    above = FragmentFilter(workspace=ws, types=("fact",), min_importance=0.6)
+    assert floors.rows(0.6) == (await vector_search.scope_size(tenants.conn, Principal.master(), above, 4))[0]
+
 
 async def test_what_a_scope_count_decided_expires(stack: Stack, tenants: Tenants, monkeypatch: pytest.MonkeyPatch) -> None:
     await _scene(tenants, seed=11)
