@@ -245,7 +245,8 @@ class ScopeSizes:
     caller's tenant, workspace and types; each read of it (vector_search.scope_floors) answers
     its own importance floor and every floor above it, and below it where the count is past
     its bound, so a floor is read only below every floor read so far (SCOPE_READS_KEPT of them
-    are kept a scope). Also which cells index nearest() may probe, for CELLS_TTL_S."""
+    are kept a scope). A scope whose workspace range is read best first is read from the top,
+    which answers every floor. Also which cells index nearest() may probe, for CELLS_TTL_S."""
 
     def __init__(self) -> None:
         self._reads: TTLCache[tuple[object, ...], tuple[_Read, ...]] = TTLCache(SCOPE_SIZES_MAX, SCOPE_SIZE_TTL_S)
@@ -273,15 +274,28 @@ class ScopeSizes:
         for read in self._reads.get(key, ()):
             if now - read.at < SCOPE_SIZE_TTL_S and (known := read.floors.rows(flt.min_importance)) is not None:
                 return known
+        # Read from the top when the workspace's range is read best first: one read then answers
+        # every floor of it (past the bound, at or below the last row it read). Unless a read from
+        # the top that did not tell is still kept (a range in the index's order past the bound).
+        top = (
+            flt.min_importance is not None and vector_search.reads_best_first(principal, flt)
+            and not any(read.floors.floor is None and now - read.at < SCOPE_SIZE_TTL_S for read in self._reads.get(key, ()))
+        )
         async with pool.acquire() as conn:
-            floors = await vector_search.scope_floors(conn, principal, flt, limit, cells)
+            floors = await vector_search.scope_floors(conn, principal, replace(flt, min_importance=None) if top else flt, limit, cells)
+            if top and floors is not None and floors.rows(flt.min_importance) is None:
+                self._keep(key, floors)
+                floors = await vector_search.scope_floors(conn, principal, flt, limit, cells)
         if floors is None:
             return None
+        self._keep(key, floors)
+        return floors.rows(flt.min_importance)
+
+    def _keep(self, key: tuple[object, ...], floors: vector_search.ScopeFloors) -> None:
         # Another search of the scope may have read it meanwhile: both reads are kept.
         now = time.monotonic()
         kept = tuple(r for r in self._reads.get(key, ()) if now - r.at < SCOPE_SIZE_TTL_S)
         self._reads[key] = (_Read(floors, now), *kept)[:SCOPE_READS_KEPT]
-        return floors.rows(flt.min_importance)
 
 
 async def _semantic_on(

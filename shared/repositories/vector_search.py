@@ -244,6 +244,11 @@ def _single(floor: float | None) -> float:
     return -math.inf if floor is None else float(np.float32(floor))
 
 
+def reads_best_first(principal: Principal, flt: FragmentFilter) -> bool:
+    """Whether scope_floors_statement reads a workspace's range best first for this scope."""
+    return any(scope_floors_statement(principal, flt, 1)[2])
+
+
 def scope_floors_statement(
     principal: Principal, flt: FragmentFilter, limit: int, cells: int | None = None,
 ) -> tuple[str, list[object], list[bool]]:

@@ -294,12 +294,13 @@ class _HeldUntilCounted:
 async def test_a_read_of_a_scope_answers_its_floor_and_the_floors_above_it(
     stack: Stack, tenants: Tenants, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """ScopeSizes reads a scope's importances at a floor (vector_search.scope_floors). A read
-    answers its floor and every floor above it with the count scope_size gives; a range of one
-    tenant and one type is read best first, so past the cap it still answers the floors above
-    its last row's importance; below a read past the cap the plan is fixed. Only a floor no read
-    answers, or another tenant's scope, is read again. Every answer is a fresh count's, or past
-    the cap as the fresh count is, and picks the plan a fresh count would."""
+    """ScopeSizes reads a scope's importances (vector_search.scope_floors). A read answers its
+    floor and every floor above it with the count scope_size gives; a range of one tenant and one
+    type is read best first, so past the cap it still answers the floors above its last row's
+    importance, and it is read from the top: one read answers every floor. Below a read past the
+    cap the plan is fixed. Only a floor no read answers, or another tenant's scope, is read
+    again. Every answer is a fresh count's, or past the cap as the fresh count is, and picks the
+    plan a fresh count would."""
     query, _, _ = await _scene(tenants, seed=10)
     await _broad(tenants.conn, monkeypatch, floor=10)  # the cap: 10 rows
     counting = _Counting(monkeypatch)
@@ -319,14 +320,16 @@ async def test_a_read_of_a_scope_answers_its_floor_and_the_floors_above_it(
 
     try:
         # The workspace's facts at 0.30-0.85 (step 0.05), its decisions at 0.9, 3 global facts at 0.8.
+        # The workspace's range is read best first, so from the top: 11 rows (the cap + 1, 0.85
+        # down to 0.35) and the 3 global facts, and every floor is answered by that one read.
         assert await rows(0.6) == 6 + 3  # read
-        assert await rows(0.7) == 4 + 3  # above it: answered, the count at 0.7
+        assert await rows(0.7) == 4 + 3  # answered, the count at 0.7
         assert await rows(0.85) == 1
-        assert await rows(0.0) == 11 + 3  # below it: read, past the cap (a range is read to the cap + 1)
-        assert await rows(0.1) == 14  # read best first, the workspace's range held 0.35 and up: past the cap
+        assert await rows(0.0) == 11 + 3  # at or below 0.35: past the cap (a range is read to the cap + 1)
+        assert await rows(0.1) == 14
         assert await rows(0.45) == 9 + 3  # above 0.35: the count
         assert await rows(0.6, Principal(key_id=tenants.theirs, visible_key_ids=(tenants.theirs,))) == 2  # another tenant: its own read
-        assert counting.floors == [0.6, 0.0, 0.6]
+        assert counting.floors == [None, None]
 
         # Two types are read in the index's order, not by importance: past the cap, a read
         # answers only the floors below it.
@@ -337,7 +340,7 @@ async def test_a_read_of_a_scope_answers_its_floor_and_the_floors_above_it(
         assert await rows(0.8, types=both) == 2 + 4 + 3  # read, within the cap
         assert await rows(0.85, types=both) == 1 + 4  # above that: answered
         assert await rows(0.25, types=both) == 14  # the earlier reads are kept: below those past the cap, answered
-        assert counting.floors[3:] == [0.3, 0.5, 0.8]
+        assert counting.floors[2:] == [0.3, 0.5, 0.8]
 
         for floor in random.Random(10).sample([round(0.05 * i, 2) for i in range(21)], 21):
             await rows(floor)
@@ -346,6 +349,38 @@ async def test_a_read_of_a_scope_answers_its_floor_and_the_floors_above_it(
         read = len(counting.floors)
         assert await sizes.rows(pool, Principal.master(), FragmentFilter(types=("fact",)), 4) is None
         assert len(counting.floors) == read
+    finally:
+        await pool.close()
+
+
+async def test_a_read_from_the_top_that_does_not_tell_is_followed_by_one_at_the_floor(
+    stack: Stack, tenants: Tenants, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A scope whose workspace range is read best first is read from the top; its global rows are
+    read in the index's order, so past the cap that read tells no floor above it, and the scope
+    is read again at the query's floor (both reads kept)."""
+    ws = unique()
+    rng = np.random.default_rng(14)
+    await _store(tenants.conn, tenants.mine, ws, [("fact", 0.7, _unit(rng.normal(size=DIM)))] * 2)
+    await _store(tenants.conn, tenants.mine, None, [("fact", round(0.3 + 0.05 * i, 2), _unit(rng.normal(size=DIM))) for i in range(12)])
+    await _broad(tenants.conn, monkeypatch, floor=10)  # the cap: 10 rows
+    counting = _Counting(monkeypatch)
+    sizes = ScopeSizes()
+    pool = await create_pool(stack.database_url, min_size=1, max_size=1)
+
+    async def rows(floor: float) -> int | None:
+        flt = FragmentFilter(workspace=ws, types=("fact",), min_importance=floor)
+        got = await sizes.rows(pool, tenants.principal, flt, 4)
+        counted = await vector_search.scope_size(tenants.conn, tenants.principal, flt, 4)
+        assert counted is not None and got == counted[0], (floor, got, counted)
+        return got
+
+    try:
+        assert await rows(0.6) == 2 + 6  # the global facts at 0.6-0.85
+        assert counting.floors == [None, 0.6]  # from the top: 11 global rows of 12, in the index's order
+        assert await rows(0.7) == 2 + 4  # above the read at 0.6 (within the cap): answered
+        assert await rows(0.0) == 2 + 11  # below it: read at its floor, not from the top again
+        assert counting.floors == [None, 0.6, 0.0]
     finally:
         await pool.close()
 
@@ -445,7 +480,7 @@ async def test_recall_keeps_its_scope_counts_across_searches(stack: Stack, monke
             assert "release branch" in reply["fragments"][0]["content"]
     finally:
         await pool.close()
-    assert counting.floors == [0.2]
+    assert counting.floors == [None]  # one read, from the top (the range is read best first)
 
 
 async def test_the_exact_share_grows_with_the_table(tenants: Tenants, monkeypatch: pytest.MonkeyPatch) -> None:

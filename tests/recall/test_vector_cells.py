@@ -233,9 +233,9 @@ async def test_a_read_of_a_scope_with_cells_answers_the_floors_above_it(
     stack: Stack, scene: Scene, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """With cells the plan is exact up to CELLS_EXACT_ROWS and past it the share of cells falls
-    with the count until CELLS_COUNT_BOUND, so a floor between the two needs its count. A read
-    of the scope (one tenant, one type: best first) gives it for its floor and every floor above;
-    past the bound it gives the count above its last row's importance, and past the bound below."""
+    with the count until CELLS_COUNT_BOUND, so a floor between the two needs its count. A scope
+    of one tenant and one type is read best first from the top, once: past the bound that read
+    gives the count above its last row's importance, and past the bound at or below it."""
     t = scene.tenants
     version = await vector_cells.current(t.conn)
     monkeypatch.setattr(vector_search, "CELLS_EXACT_ROWS", 40)
@@ -249,19 +249,20 @@ async def test_a_read_of_a_scope_with_cells_answers_the_floors_above_it(
         return await sizes.rows(pool, t.principal, flt, 10, version)
 
     try:
-        # eight groups of 24 facts at 0.3-0.875 (step 0.025)
-        assert await rows(0.79) == 8 * 4  # within the exact rows: read
-        assert await rows(0.84) == 8 * 2  # above it: answered
-        assert await rows(0.59) == 8 * 12  # below: read
+        # eight groups of 24 facts at 0.3-0.875 (step 0.025), read once from the top (best
+        # first): 121 rows, 0.875 down to 0.5
+        assert await rows(0.79) == 8 * 4  # within the exact rows
+        assert await rows(0.84) == 8 * 2
+        assert await rows(0.59) == 8 * 12
         assert await rows(0.59) == 96
-        assert await rows(0.64) == 8 * 10  # above it: answered
-        assert await rows(0.29) == 121  # past the bound: read (best first, its 121 rows down to 0.5)
-        assert await rows(0.34) == 121  # above it, at or below 0.5: past the bound
-        assert await rows(0.2) == 121  # below it: past the bound
+        assert await rows(0.64) == 8 * 10
+        assert await rows(0.29) == 121  # at or below 0.5: past the bound
+        assert await rows(0.34) == 121
+        assert await rows(0.2) == 121
         assert await rows(0.5) == 121
         assert await rows(0.51) == 8 * 15  # above 0.5: the count
         assert await rows(0.55) == 8 * 14
-        assert counting.floors == [0.79, 0.59, 0.29]
+        assert counting.floors == [None]
     finally:
         await pool.close()
 
