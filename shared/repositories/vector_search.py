@@ -244,9 +244,15 @@ def _single(floor: float | None) -> float:
     return -math.inf if floor is None else float(np.float32(floor))
 
 
+def _in_importance_order(flt: FragmentFilter) -> bool:
+    """Whether a workspace's range of one key_id is in importance order under this filter: one
+    type, one workspace (the scope index's columns before the importance all fixed)."""
+    return flt.types is not None and len(flt.types) == 1 and flt.workspace is not None
+
+
 def reads_best_first(principal: Principal, flt: FragmentFilter) -> bool:
     """Whether scope_floors_statement reads a workspace's range best first for this scope."""
-    return any(scope_floors_statement(principal, flt, 1)[2])
+    return _in_importance_order(flt) and any(single_key_ranges(principal.reads))
 
 
 def scope_floors_statement(
@@ -263,15 +269,16 @@ def scope_floors_statement(
     rows) is read in the index's order, which is not the importance's."""
     params = SqlParams()
     one_type = flt.types is not None and len(flt.types) == 1
+    ordered = _in_importance_order(flt)
     tenants = scope_ranges(principal.reads, params) or ["FALSE"]
     single = single_key_ranges(principal.reads) or [False]
+    workspaces = workspace_ranges(flt.workspace, params)
     ranges: list[tuple[list[str], bool]] = []
     for tenant, one_key in zip(tenants, single, strict=True):
         base = _index_clauses(principal, flt, params, one_type=one_type, tenant=tenant)
         # The workspace's range, not its global rows': few enough that the planner may sort them
         # (by its estimate), and a sort reads the whole range where the read stops at the bound.
-        workspaces = workspace_ranges(flt.workspace, params)
-        ranges += [([*base, ws], one_key and one_type and flt.workspace is not None and i == 0) for i, ws in enumerate(workspaces)]
+        ranges += [([*base, ws], one_key and ordered and i == 0) for i, ws in enumerate(workspaces)]
     best = " ORDER BY f.key_id DESC, f.workspace DESC, f.type DESC, f.importance DESC"
     branches = [
         f"(SELECT {i} AS branch, f.importance FROM fragments f WHERE {' AND '.join(clauses)}"

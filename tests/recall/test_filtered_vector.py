@@ -805,3 +805,18 @@ async def test_the_exact_ranking_and_the_pool_read_the_stored_half_vectors(tenan
         " WHERE attrelid = 'fragments'::regclass AND attname = 'embedding'") == "halfvec(384)"
     assert await tenants.conn.fetchval(
         "SELECT count(*) FROM pg_attribute WHERE attrelid = 'fragments'::regclass AND attname = 'embedding_half'") == 0
+
+
+def test_reads_best_first_says_what_the_read_does() -> None:
+    """ScopeSizes reads from the top when vector_search.reads_best_first: exactly the scopes whose
+    read (scope_floors_statement) has a range read best first."""
+    principals = [Principal.master(), Principal(key_id="k1", visible_key_ids=("k1",)), Principal(key_id="k1", visible_key_ids=("k1", "k2"))]
+    seen = set()
+    for principal in principals:
+        for workspace in (None, "ws"):
+            for types in (None, ("fact",), ("fact", "error")):
+                flt = FragmentFilter(workspace=workspace, types=types, min_importance=0.5)
+                _, _, ordered = vector_search.scope_floors_statement(principal, flt, 4)
+                assert vector_search.reads_best_first(principal, flt) == any(ordered), (principal, flt)
+                seen.add(any(ordered))
+    assert seen == {True, False}
