@@ -203,7 +203,7 @@ class DocumentFrequencies:
 class SearchRequest:
     text: str | None
     keywords: list[str]
-    vector: asyncio.Future[np.ndarray] | None  # the embedding, started before the lexical SQL
+    vector: asyncio.Future[np.ndarray] | None  # embedding runs while the lexical SQL does
     semantic_label: str  # "L3" for text, "L3kw" for the keywords fallback
     threshold: float | None
     filter_only: bool
@@ -540,14 +540,6 @@ async def layered_search(
         if pool is not None and semantic_task is None:
             semantic_task = asyncio.ensure_future(_semantic(pool, principal, flt, dense, sizes))
         stats = retrieval.term_stats(dfs, scope_total)
-        if semantic_task is not None and dense.vector is not None:
-            # With its own connection the vector layer is the longer path (the model, then
-            # nearest()), and on two cores the model ran beside BM25 at about half speed. The
-            # lexical layer's statements wait for it, and run beside nearest() instead: at 1M,
-            # in process, interleaved, the query's embedding 10.4-11.7 -> 7.2-8.0 ms and recall()
-            # p50 43.2-44.1 -> 38.4-43.2 ms filtered, 32.3-32.6 -> 30.3-31.7 text (bench/README.md,
-            # session 45). What it waits for is the same, so is the ranking.
-            await asyncio.wait([dense.vector])
         lexical, avgdl = await retrieval.bm25_candidates(conn, principal, flt, stats, dfs, LAYER_DEPTH)
         path.append(f"L2:{len(lexical)}")
         when = TIME_ANSWER_WEIGHT > 0 and asks_when(req.text)

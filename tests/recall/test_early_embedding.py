@@ -88,34 +88,3 @@ async def test_a_scope_a_word_can_fill_embeds_after_the_frequencies(stack: Stack
     assert events.index("df:end") < events.index("embed"), events
     assert QUESTION in embedded
     assert hits[0] == scene[2][TURNS[1]]
-
-
-@pytest.mark.parametrize("with_pool", [True, False])
-async def test_the_lexical_sql_waits_for_the_embedding_only_beside_a_vector_connection(
-    stack: Stack, scene, with_pool: bool, monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
-) -> None:
-    """With a second connection the vector layer is the longer path: BM25 starts once the
-    model has answered and runs beside nearest(). On one connection the layers take turns
-    and the model keeps running beside BM25."""
-    principal, ws, ids = scene
-    embedder = load_embedder()
-    events: list[str] = []
-    real_bm25 = retrieval.bm25_candidates
-
-    async def bm25_candidates(*args, **kwargs):  # type: ignore[no-untyped-def]
-        events.append("bm25:start")
-        return await real_bm25(*args, **kwargs)
-
-    monkeypatch.setattr(retrieval, "bm25_candidates", bm25_candidates)
-
-    async def embed(texts: list[str]) -> list[np.ndarray]:
-        await asyncio.sleep(0.2)  # a model slower than the lexical layer's first statements
-        vectors = list(await asyncio.to_thread(embedder.embed, texts))
-        events.append("embed:end")
-        return vectors
-
-    scope_total = int(retrieval.DF_CAP / search.DENSE_STOP_SHARE) + 1  # the question is embedded from the start
-    outcome = await search_workspace(stack, principal, ws, QUESTION, embed, scope_total, DocumentFrequencies(), with_pool)
-    assert [h.id for h in outcome.hits][0] == ids[TURNS[1]]
-    assert sorted(events) == ["bm25:start", "embed:end"], events
-    assert (events == ["embed:end", "bm25:start"]) is with_pool, events

@@ -15,7 +15,7 @@ from services.recall.search import DocumentFrequencies, SearchOutcome
 from shared.domain.principal import Principal
 from shared.domain.search import FragmentFilter
 from shared.embeddings import load_embedder
-from shared.repositories import retrieval, vector_search
+from shared.repositories import retrieval
 from tests.recall.layered import search_workspace
 from tests.support import Stack, call, create_api_key, mcp_session, unique
 
@@ -42,18 +42,12 @@ async def conversation(stack: Stack) -> tuple[Principal, str]:
     return Principal(key_id=key_id, visible_key_ids=(key_id,)), ws
 
 
-async def _search(stack: Stack, principal: Principal, ws: str, read_ahead: bool, monkeypatch: pytest.MonkeyPatch) -> SearchOutcome:
+async def _search(stack: Stack, principal: Principal, ws: str, read_ahead: bool) -> SearchOutcome:
     embedder = load_embedder()
-    real_nearest = vector_search.nearest
-
-    async def nearest(*args: Any) -> Any:
-        if read_ahead:
-            await asyncio.sleep(0.3)  # the vector layer is still running when BM25 has answered
-        return await real_nearest(*args)
-
-    monkeypatch.setattr(vector_search, "nearest", nearest)
 
     async def embed(texts: list[str]) -> list[np.ndarray]:
+        if read_ahead:
+            await asyncio.sleep(0.3)  # the vector layer is still running when BM25 has answered
         return list(await asyncio.to_thread(embedder.embed, texts))
 
     # a scope no word can fill: the question is embedded from the start
@@ -87,14 +81,14 @@ async def test_reading_ahead_ranks_as_the_lookups_in_one_piece(
     monkeypatch.setattr(retrieval, "turn_neighbours", turn_neighbours)
     monkeypatch.setattr(retrieval, "graph_neighbours", graph_neighbours)
     monkeypatch.setattr(retrieval, "pool_rows", pool_rows)
-    whole = await _search(stack, principal, ws, False, monkeypatch)
+    whole = await _search(stack, principal, ws, read_ahead=False)
     assert len(looked_up) == 1, looked_up  # without a second connection, one lookup after fusion
     assert turns_on == graph_on
     looked_up.clear()
     turns_on.clear()
     graph_on.clear()
     rows_of.clear()
-    ahead = await _search(stack, principal, ws, True, monkeypatch)
+    ahead = await _search(stack, principal, ws, read_ahead=True)
     assert len(looked_up) == 2 and looked_up[0], looked_up  # the lexical candidates' first, then the rest
     assert not set(looked_up[0]) & set(looked_up[1])  # no id is looked up twice
     # After the vector layer the best candidates' turns are read on a lent connection while
