@@ -11,7 +11,6 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
 
 import asyncpg
 import numpy as np
@@ -37,8 +36,6 @@ from shared.repositories import fragments as fragments_repo
 from shared.repositories import retrieval, vector_cells, vector_search
 
 logger = logging.getLogger(__name__)
-
-_T = TypeVar("_T")
 
 # Candidates each layer contributes before fusion; pageSize is at most 50. Depth 50 and 100
 # scored the same on LoCoMo dev (0.735 / 0.739); 60 leaves room for a full page.
@@ -456,40 +453,6 @@ async def _read_ahead(
     return ahead
 
 
-async def _lent(pool: asyncpg.Pool, call: Callable[[asyncpg.Connection], Awaitable[_T]]) -> _T:
-    async with pool.acquire() as other:
-        return await call(other)
-
-
-async def _after_nearest(
-    conn: asyncpg.Connection, pool: asyncpg.Pool | None, principal: Principal, flt: FragmentFilter, seeds: list[str],
-    near: list[str], unread: list[str], counted: list[str], vector: np.ndarray | None,
-) -> tuple[
-    list[tuple[str, str, str, float]], dict[str, tuple[list[str], list[str]]], set[str], set[str], dict[str, retrieval.PooledFragment],
-]:
-    """What needs only the vector layer's answer: the seeds' graph neighbours, the turn
-    neighbours of `near` and the pool rows of `unread` (the vector layer's own candidates).
-    With a pool the turn neighbours are read on a lent connection while this one reads the
-    rest: a recall's other work is done by then (the model, BM25, the read-ahead), so the
-    two statements run on the two cores instead of one after the other. Both lookups give
-    each id's rows independently of the others (_read_ahead), so a later lookup of the ids
-    left adds up to the same. Without a pool only the edges are read (the caller then looks
-    up every turn neighbour in one statement). Returns the edges, the turn neighbours, the ids
-    they were looked up for, the ids whose pool rows were read and those rows."""
-    if pool is None or not near:
-        return await retrieval.graph_neighbours(conn, principal, flt, seeds, GRAPH_LIMIT), {}, set(), set(), {}
-
-    async def turns(on: asyncpg.Connection) -> dict[str, tuple[list[str], list[str]]]:
-        return await retrieval.turn_neighbours(on, principal, flt, near, width=2)
-
-    async def graph_and_rows() -> tuple[list[tuple[str, str, str, float]], dict[str, retrieval.PooledFragment]]:
-        edges = await retrieval.graph_neighbours(conn, principal, flt, seeds, GRAPH_LIMIT)
-        return edges, await retrieval.pool_rows(conn, principal, unread, counted, vector)
-
-    (edges, rows), around = await asyncio.gather(graph_and_rows(), _lent(pool, turns))
-    return edges, around, set(near), set(unread), rows
-
-
 async def layered_search(
     conn: asyncpg.Connection, principal: Principal, flt: FragmentFilter, req: SearchRequest, scope_total: int,
     df_cache: DocumentFrequencies, pool: asyncpg.Pool | None = None, sizes: ScopeSizes | None = None,
@@ -569,24 +532,21 @@ async def layered_search(
             candidates.setdefault(fid, set()).add(layer)
 
     seeds = list(dict.fromkeys([fid for fid, _ in lexical[:GRAPH_SEEDS]] + [fid for fid, _ in semantic[:GRAPH_SEEDS]]))
-    # Turns next to a candidate join the candidates (an answer is often the reply to the
-    # turn that matched), and every pooled turn knows its neighbours for window BM25 and
-    # borrowing: ±2 around the layers' best candidates covers ±1 around the joined ones.
-    best = list(dict.fromkeys(fid for ranked in (lexical, semantic) for fid, _ in ranked[:NEIGHBOUR_SEEDS]))
-    edges, around_best, looked_up, read, rows = await _after_nearest(
-        conn, pool, principal, flt, seeds, [fid for fid in best if fid not in ahead.near],
-        [fid for fid, _ in semantic if fid not in ahead.read], counted, vector,
-    )
     via_graph: dict[str, tuple[str, str]] = {}
-    for seed, other, relation, _weight in edges:
+    for seed, other, relation, _weight in await retrieval.graph_neighbours(conn, principal, flt, seeds, GRAPH_LIMIT):
         if other not in candidates:
             via_graph.setdefault(other, (seed, relation))
         candidates.setdefault(other, set()).add("L2.5")
     if via_graph:
         path.append(f"L2.5:{len(via_graph)}")
-    looked_up |= ahead.near
-    rest = [fid for fid in dict.fromkeys(best + list(via_graph)) if fid not in looked_up]
-    around = ahead.around | around_best | (await retrieval.turn_neighbours(conn, principal, flt, rest, width=2) if rest else {})
+
+    # Turns next to a candidate join the candidates (an answer is often the reply to the
+    # turn that matched), and every pooled turn knows its neighbours for window BM25 and
+    # borrowing: ±2 around the layers' best candidates covers ±1 around the joined ones.
+    best = [fid for ranked in (lexical, semantic) for fid, _ in ranked[:NEIGHBOUR_SEEDS]]
+    near_of = list(dict.fromkeys(best + list(via_graph)))
+    rest = [fid for fid in near_of if fid not in ahead.near]
+    around = ahead.around | await retrieval.turn_neighbours(conn, principal, flt, rest, width=2)
     links: dict[str, list[str | None]] = {}  # id -> [prev, next]
 
     def adjacent(first: str, second: str) -> None:
@@ -605,8 +565,7 @@ async def layered_search(
     if joined:
         path.append(f"NB:{joined}")
     pooled_ids = list(set(candidates) | set(links))
-    read |= ahead.read
-    rows = ahead.rows | rows | await retrieval.pool_rows(conn, principal, [fid for fid in pooled_ids if fid not in read], counted, vector)
+    rows = ahead.rows | await retrieval.pool_rows(conn, principal, [fid for fid in pooled_ids if fid not in ahead.read], counted, vector)
     if req.threshold is not None:
         # threshold bounds similarity: a hit no lexical layer proposed must clear it.
         for fid, layers in list(candidates.items()):

@@ -60,42 +60,19 @@ async def test_reading_ahead_ranks_as_the_lookups_in_one_piece(
 ) -> None:
     principal, ws = conversation
     looked_up: list[list[str]] = []
-    turns_on: list[Any] = []  # the connection of each turn_neighbours lookup
-    graph_on: list[Any] = []
-    rows_of: list[list[str]] = []
-    real_turn_neighbours, real_graph_neighbours, real_pool_rows = retrieval.turn_neighbours, retrieval.graph_neighbours, retrieval.pool_rows
+    real_turn_neighbours = retrieval.turn_neighbours
 
     async def turn_neighbours(conn: Any, principal: Principal, flt: FragmentFilter, ids: list[str], width: int = 2) -> Any:
         looked_up.append(list(ids))
-        turns_on.append(conn)
         return await real_turn_neighbours(conn, principal, flt, ids, width)
 
-    async def graph_neighbours(conn: Any, *args: Any) -> Any:
-        graph_on.append(conn)
-        return await real_graph_neighbours(conn, *args)
-
-    async def pool_rows(conn: Any, principal: Principal, ids: list[str], *args: Any) -> Any:
-        rows_of.append(list(ids))
-        return await real_pool_rows(conn, principal, ids, *args)
-
     monkeypatch.setattr(retrieval, "turn_neighbours", turn_neighbours)
-    monkeypatch.setattr(retrieval, "graph_neighbours", graph_neighbours)
-    monkeypatch.setattr(retrieval, "pool_rows", pool_rows)
     whole = await _search(stack, principal, ws, read_ahead=False)
     assert len(looked_up) == 1, looked_up  # without a second connection, one lookup after fusion
-    assert turns_on == graph_on
     looked_up.clear()
-    turns_on.clear()
-    graph_on.clear()
-    rows_of.clear()
     ahead = await _search(stack, principal, ws, read_ahead=True)
     assert len(looked_up) == 2 and looked_up[0], looked_up  # the lexical candidates' first, then the rest
     assert not set(looked_up[0]) & set(looked_up[1])  # no id is looked up twice
-    # After the vector layer the best candidates' turns are read on a lent connection while
-    # the search's own reads the graph's edges, then the vector layer's pool rows.
-    assert len(graph_on) == 1 and turns_on[1] is not graph_on[0], (turns_on, graph_on)
-    assert len(rows_of) == 3 and rows_of[0], rows_of  # the read-ahead's, the vector layer's, the rest
-    assert sum(len(ids) for ids in rows_of) == len({fid for ids in rows_of for fid in ids})  # none read twice
 
     assert [h.id for h in ahead.hits] == [h.id for h in whole.hits]
     assert [h.score for h in ahead.hits] == pytest.approx([h.score for h in whole.hits], rel=1e-6)
