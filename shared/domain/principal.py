@@ -104,27 +104,24 @@ def scope_clause(scope: TenantScope, params: SqlParams, alias: str | None = "f")
 
 def scope_ranges(scope: TenantScope, params: SqlParams, alias: str = "f") -> list[str]:
     """scope_clause as disjoint clauses whose OR is the same scope, each one range of an
-    index led by key_id (an OR of ranges is a bitmap scan, which reads the heap). Every
-    tenant is the rows without a key plus every key's, as one array of api_keys' ids: the
-    tables ranged this way reference api_keys, so no other key_id exists."""
+    index led by key_id (an OR of ranges is a bitmap scan, which reads the heap)."""
+    return [clause for clause, _ in key_ranges(scope, params, alias)]
+
+
+def key_ranges(scope: TenantScope, params: SqlParams, alias: str = "f") -> list[tuple[str, bool]]:
+    """scope_ranges' clauses, each with whether it holds one key_id (one key, or the rows
+    without a key): in an index led by key_id such a range is in the order of the next
+    columns. Every tenant is the rows without a key plus every key's, as one array of
+    api_keys' ids: the tables ranged this way reference api_keys, so no other key_id exists."""
     column = f"{alias}.key_id"
     if scope.everyone:
         every_key = "ARRAY(SELECT k.id FROM api_keys k)"
-        return [f"{column} IS NULL", f"{column} = ANY({every_key})"]
+        return [(f"{column} IS NULL", True), (f"{column} = ANY({every_key})", False)]
     keys = [k for k in scope.key_ids if k is not None]
-    ranges = [f"{column} = ANY({params.add(keys)}::text[])"] if keys else []
+    ranges = [(f"{column} = ANY({params.add(keys)}::text[])", len(keys) == 1)] if keys else []
     if None in scope.key_ids:
-        ranges.append(f"{column} IS NULL")
+        ranges.append((f"{column} IS NULL", True))
     return ranges
-
-
-def single_key_ranges(scope: TenantScope) -> list[bool]:
-    """For each of scope_ranges' clauses, whether it holds one key_id (one key, or the rows
-    without a key): in an index led by key_id such a range is in the order of the next columns."""
-    if scope.everyone:
-        return [True, False]
-    keys = [k for k in scope.key_ids if k is not None]
-    return ([len(keys) == 1] if keys else []) + ([True] if None in scope.key_ids else [])
 
 
 def same_tenant(a: str, b: str) -> str:

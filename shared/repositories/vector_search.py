@@ -41,10 +41,9 @@ import numpy as np
 from shared.domain.principal import (
     Principal,
     SqlParams,
+    key_ranges,
     scope_clause,
-    scope_ranges,
     scope_workspace_ranges,
-    single_key_ranges,
     workspace_ranges,
 )
 from shared.domain.search import FragmentFilter
@@ -252,7 +251,7 @@ def _in_importance_order(flt: FragmentFilter) -> bool:
 
 def reads_best_first(principal: Principal, flt: FragmentFilter) -> bool:
     """Whether scope_floors_statement reads a workspace's range best first for this scope."""
-    return _in_importance_order(flt) and any(single_key_ranges(principal.reads))
+    return _in_importance_order(flt) and any(one_key for _, one_key in key_ranges(principal.reads, SqlParams()))
 
 
 def scope_floors_statement(
@@ -270,11 +269,9 @@ def scope_floors_statement(
     params = SqlParams()
     one_type = flt.types is not None and len(flt.types) == 1
     ordered = _in_importance_order(flt)
-    tenants = scope_ranges(principal.reads, params) or ["FALSE"]
-    single = single_key_ranges(principal.reads) or [False]
     workspaces = workspace_ranges(flt.workspace, params)
     ranges: list[tuple[list[str], bool]] = []
-    for tenant, one_key in zip(tenants, single, strict=True):
+    for tenant, one_key in key_ranges(principal.reads, params) or [("FALSE", False)]:
         base = _index_clauses(principal, flt, params, one_type=one_type, tenant=tenant)
         # The workspace's range, not its global rows': few enough that the planner may sort them
         # (by its estimate), and a sort reads the whole range where the read stops at the bound.
