@@ -32,8 +32,13 @@ async def insert(conn: asyncpg.Connection, sink: str, rows: list[tuple[str, str 
 
 
 async def claim(conn: asyncpg.Connection, sink: str, limit: int) -> list[OutboxEvent]:
-    """The oldest rows of this sink no other relay holds, locked until the caller's
-    transaction ends."""
+    """The oldest rows of this sink, locked until the caller's transaction ends.
+
+    One relay at a time claims a sink's rows: the others wait here for its commit. With
+    SKIP LOCKED alone, a relay that locked rows 1-2 and one that skipped them and took row 3
+    race to the stream, and row 3 can be appended first (a new bank's entries-changed before
+    its namespaces-changed); every ingest replica runs a relay."""
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtext('memory_event_relay:' || $1))", sink)
     rows = await conn.fetch(
         """
         SELECT id, type, key_id, payload FROM memory_event_outbox

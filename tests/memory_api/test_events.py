@@ -30,6 +30,7 @@ from services.stack.supervisor import ServiceProcess, Stack, free_port
 from shared.db import SEARCH_PATH
 from shared.domain.principal import Principal
 from shared.memory_events import ENTRIES_CHANGED, NAMESPACES_CHANGED, STREAM_GAP, STREAM_LAGGED, EventLog, LogBounds, StreamId
+from shared.repositories import memory_event_outbox as outbox_repo
 from shared.repositories.memory_event_outbox import OutboxEvent
 from shared.settings import CommonSettings
 from tests.gateway.conftest import Gateway, start_gateway
@@ -417,3 +418,42 @@ async def test_a_redis_outage_neither_fails_a_write_nor_loses_its_events(switche
         async with asyncio.timeout(120):
             late = [await sse._next_event() for _ in range(4)]  # a longer deadline than WAIT
     assert kinds(late) == [*created(await namespace_of(switched, during[0])), *created(await namespace_of(switched, during[1]))]
+
+
+async def test_a_second_relay_waits_for_the_first_so_the_stream_keeps_the_outbox_order(stack: Stack) -> None:
+    """Every ingest replica runs a relay. One holding a sink's oldest rows must not be overtaken
+    by another claiming the next ones (SKIP LOCKED alone would hand it row 2 at once, and its
+    XADD could land first: a bank's entries-changed before its namespaces-changed)."""
+    sink = unique("sink")  # no relay of the stack drains it
+    first, second = [
+        await asyncpg.connect(stack.database_url, server_settings={"search_path": SEARCH_PATH}) for _ in range(2)
+    ]
+    try:
+        bank = {"namespaceId": "1"}
+        await outbox_repo.insert(first, sink, [(NAMESPACES_CHANGED, None, bank), (ENTRIES_CHANGED, None, bank)])
+        holding = first.transaction()
+        await holding.start()
+        claimed = await outbox_repo.claim(first, sink, 1)
+        assert [e.type for e in claimed] == [NAMESPACES_CHANGED]
+
+        async def other_relay() -> list[OutboxEvent]:
+            async with second.transaction():
+                return await outbox_repo.claim(second, sink, 10)
+
+        claiming = asyncio.create_task(other_relay())
+        async with asyncio.timeout(WAIT):  # until the second claim waits on a lock, or returns
+            while not claiming.done() and not await first.fetchval(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", second.get_server_pid()
+            ):
+                await asyncio.sleep(0.05)
+        assert not claiming.done(), f"claimed {claiming.result()} while another relay held the sink's first row"
+        await outbox_repo.delete(first, [e.id for e in claimed])
+        await holding.commit()  # published: now the second relay gets the next row
+        async with asyncio.timeout(WAIT):
+            assert [e.type for e in await claiming] == [ENTRIES_CHANGED]
+    finally:
+        if first.is_in_transaction():
+            await holding.rollback()
+        await first.execute("DELETE FROM memory_event_outbox WHERE sink = $1", sink)
+        await first.close()
+        await second.close()
