@@ -229,10 +229,9 @@ class EventLog:
 
 class MemoryEventRelay:
     """Moves recorded events from the outbox to the stream. One per ingest process; any number
-    drain one table, one at a time per sink (an advisory lock in `claim`), so the stream
-    keeps the outbox's order. Woken by Postgres at the commit
-    of every recording write (LISTEN), and every `poll` seconds for rows a relay that died
-    left behind; while Redis refuses, tries again after 0.5 s, 1 s, 2 s ... up to
+    drain one table, one at a time per sink (an advisory lock in `claim`), so the stream keeps
+    the outbox's order. Woken by Postgres at the commit of every recording write (LISTEN), and
+    every `poll` seconds for rows a relay that died left behind; while Redis refuses, tries again after 0.5 s, 1 s, 2 s ... up to
     `backoff_max`, the rows waiting in Postgres."""
 
     def __init__(

@@ -1,4 +1,5 @@
-"""Session-level advisory locks: one job of a kind per tenant at a time, across workers."""
+"""Named advisory locks: session-level ones for one job of a kind per tenant at a time, across
+workers; transaction-level ones for one holder at a time of what a transaction reads and writes."""
 
 from __future__ import annotations
 
@@ -12,3 +13,8 @@ async def try_lock(conn: asyncpg.Connection, name: str) -> bool:
 
 async def unlock(conn: asyncpg.Connection, name: str) -> None:
     await conn.execute("SELECT pg_advisory_unlock(hashtext($1))", name)
+
+
+async def lock_for_transaction(conn: asyncpg.Connection, name: str) -> None:
+    """Wait for the lock named `name` and hold it until this connection's transaction ends."""
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", name)

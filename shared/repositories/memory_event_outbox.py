@@ -9,6 +9,8 @@ from typing import Any
 
 import asyncpg
 
+from shared.repositories import locks
+
 # Postgres delivers a NOTIFY on this channel when (and only if) the recording transaction
 # commits; the relays LISTEN on it.
 CHANNEL = "engram_memory_events"
@@ -38,7 +40,7 @@ async def claim(conn: asyncpg.Connection, sink: str, limit: int) -> list[OutboxE
     SKIP LOCKED alone, a relay that locked rows 1-2 and one that skipped them and took row 3
     race to the stream, and row 3 can be appended first (a new bank's entries-changed before
     its namespaces-changed); every ingest replica runs a relay."""
-    await conn.execute("SELECT pg_advisory_xact_lock(hashtext('memory_event_relay:' || $1))", sink)
+    await locks.lock_for_transaction(conn, f"memory_event_relay:{sink}")
     rows = await conn.fetch(
         """
         SELECT id, type, key_id, payload FROM memory_event_outbox
